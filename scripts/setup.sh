@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Sets up everything sandcell needs on a Debian machine: system packages, then a
+# virtualenv at .venv built from the system Python (fast start, readable by cells).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+dpkg -s libseccomp2 >/dev/null 2>&1 || need_apt+=(libseccomp2)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    /usr/bin/python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'

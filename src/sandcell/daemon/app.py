@@ -1,0 +1,331 @@
+"""The daemon's HTTP API (SPEC §2): health, init, exec and files, behind the guard."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from sandcell import __version__
+from sandcell.daemon import schemas
+from sandcell.daemon.auth import Guard
+from sandcell.daemon.config import DaemonConfig
+from sandcell.daemon.environment import build_env, validate_env
+from sandcell.daemon.files import Files
+from sandcell.daemon.runner import CommandSpec, Runner
+from sandcell.daemon.workspace import Workspace
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import (
+    ModelT,
+    declared_length,
+    parse_model,
+    path_with_query,
+    read_body,
+    stream_body,
+)
+from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.http.openapi import Operation, Query, openapi, routes
+from sandcell.tokens import VerifiedToken
+
+MAX_JSON_BODY = 8 * 1_048_576
+NDJSON = "application/x-ndjson"
+_PATH = Query("path", {"type": "string"}, required=True, description="workspace-relative")
+
+
+class Daemon:
+    """State of one daemon: its guard, workspace and running commands."""
+
+    def __init__(self, config: DaemonConfig, environ: dict[str, str]) -> None:
+        self.config = config
+        self.guard = Guard(config.sandbox_id, config.bootstrap_key)
+        self.workspace = Workspace(config.workspace)
+        self.files = Files(self.workspace, config.disk_quota_bytes)
+        self.runner = Runner()
+        self.started = time.monotonic()
+        # A snapshot: commands read the allow-listed names from it, never os.environ itself.
+        self._environ = dict(environ)
+
+    def authorize(self, request: Request, body: bytes | None, body_required: bool) -> VerifiedToken:
+        return self.guard.check_request(
+            request.headers.get("authorization"),
+            request.method,
+            path_with_query(request),
+            body,
+            body_required,
+        )
+
+    async def json_body(self, request: Request, model: type[ModelT]) -> ModelT:
+        body = await read_body(request, MAX_JSON_BODY)
+        self.authorize(request, body, body_required=True)
+        return parse_model(model, body)
+
+    def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
+        if req.env:
+            validate_env(req.env)
+        rel = self.workspace.relative(req.cwd or ".")
+        with self.workspace.fd(rel, os.O_PATH | os.O_DIRECTORY):
+            pass  # proves the directory exists beneath the workspace
+        env = build_env(
+            workspace=self.workspace.root,
+            inherit=self.config.inherit_env,
+            source=self._environ,
+            defaults=self.guard.default_env,
+            request=req.env,
+        )
+        return CommandSpec(
+            argv=req.argv(),
+            cwd=os.path.join(self.workspace.root, rel),
+            env=env,
+            timeout_s=req.timeout_s,
+            stdin=req.stdin.encode() if req.stdin is not None else None,
+            max_output_bytes=req.max_output_bytes,
+        )
+
+
+def _daemon(request: Request) -> Daemon:
+    return request.app.state.daemon
+
+
+def _query(request: Request, name: str) -> str:
+    value = request.query_params.get(name)
+    if value is None:
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"missing query parameter {name!r}")
+    return value
+
+
+def _flag(request: Request, name: str) -> bool:
+    value = request.query_params.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be true or false")
+    return value in ("true", "1")
+
+
+async def health(request: Request) -> Response:
+    d = _daemon(request)
+    return JSONResponse(
+        {
+            "status": "ok",
+            "initialized": d.guard.initialized,
+            "version": __version__,
+            "uptime_s": round(time.monotonic() - d.started, 3),
+        }
+    )
+
+
+async def init(request: Request) -> Response:
+    body = await read_body(request, MAX_JSON_BODY)
+    req = parse_model(schemas.InitRequest, body)
+    _daemon(request).guard.initialize(req.token)
+    return JSONResponse({"status": "initialized"})
+
+
+async def exec_command(request: Request) -> Response:
+    d = _daemon(request)
+    spec = d.command_spec(await d.json_body(request, schemas.ExecRequest))
+    if NDJSON in request.headers.get("accept", ""):
+        return StreamingResponse(_stream(d.runner, spec), media_type=NDJSON)
+    return JSONResponse((await d.runner.run(spec)).to_dict())
+
+
+async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
+    """NDJSON: output lines as they arrive, then one exit line."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def sink(stream: str, text: str) -> None:
+        queue.put_nowait(_line({"type": stream, "data": text}))
+
+    task = asyncio.ensure_future(runner.run(spec, sink))
+    try:
+        while not (task.done() and queue.empty()):
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+            else:
+                getter.cancel()
+        yield _line({"type": "exit", **task.result().summary()})
+    finally:
+        task.cancel()  # the client went away: the command's whole tree is killed
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+async def write_file(request: Request) -> Response:
+    d = _daemon(request)
+    verified = d.authorize(request, None, body_required=False)
+    path = _query(request, "path")
+    digest = hashlib.sha256()
+
+    async def hashed() -> AsyncIterator[bytes]:
+        async for chunk in stream_body(request):
+            digest.update(chunk)
+            yield chunk
+
+    def check_body() -> None:
+        # Streamed uploads are hashed on the fly; a bound body must match before commit.
+        d.guard.check_streamed_body(verified, digest.digest())
+
+    entry = await d.files.write(path, hashed(), declared_length(request), check_body)
+    return JSONResponse(entry)
+
+
+async def read_file(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    fd, size = d.files.open_for_read(_query(request, "path"))
+    return StreamingResponse(
+        d.files.iter_fd(fd),
+        media_type="application/octet-stream",
+        headers={"content-length": str(size)},
+    )
+
+
+async def delete_file(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    d.files.remove(_query(request, "path"), _flag(request, "recursive"))
+    return Response(status_code=204)
+
+
+async def list_files(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    raw_depth = request.query_params.get("depth", "1")
+    if not raw_depth.isdigit():
+        raise SandcellError(ErrorCode.BAD_REQUEST, "depth must be a positive integer")
+    entries = d.files.list(request.query_params.get("path", "."), int(raw_depth))
+    return JSONResponse({"entries": entries})
+
+
+async def stat_file(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    return JSONResponse(d.files.stat(_query(request, "path")))
+
+
+async def make_dir(request: Request) -> Response:
+    d = _daemon(request)
+    req = await d.json_body(request, schemas.MkdirRequest)
+    return JSONResponse(d.files.mkdir(req.path, req.parents))
+
+
+async def move_file(request: Request) -> Response:
+    d = _daemon(request)
+    req = await d.json_body(request, schemas.MoveRequest)
+    return JSONResponse(d.files.move(req.source, req.to, req.overwrite))
+
+
+async def openapi_document(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
+OCTETS = "application/octet-stream"
+OPERATIONS = (
+    Operation(
+        "GET", "/health", health, "Liveness and init state", response=schemas.Health, secured=False
+    ),
+    Operation(
+        "POST",
+        "/init",
+        init,
+        "Second-stage init: install the session key",
+        body=schemas.InitRequest,
+        response=schemas.InitResponse,
+        errors=(403, 409, 413, 429),
+        secured=False,
+    ),
+    Operation(
+        "POST",
+        "/v1/exec",
+        exec_command,
+        "Run a command (NDJSON with Accept)",
+        body=schemas.ExecRequest,
+        response=schemas.ExecResult,
+        errors=(403, 404, 413, 503),
+    ),
+    Operation(
+        "PUT",
+        "/v1/files",
+        write_file,
+        "Write the request body to a file",
+        body=OCTETS,
+        response=schemas.Entry,
+        query=(_PATH,),
+        errors=(403, 404, 409, 413, 503),
+    ),
+    Operation(
+        "GET",
+        "/v1/files",
+        read_file,
+        "Read a file's bytes",
+        response=OCTETS,
+        query=(_PATH,),
+        errors=(403, 404, 503),
+    ),
+    Operation(
+        "DELETE",
+        "/v1/files",
+        delete_file,
+        "Delete a file or directory",
+        status=204,
+        query=(_PATH, Query("recursive", {"type": "boolean"})),
+        errors=(403, 404, 409, 503),
+    ),
+    Operation(
+        "GET",
+        "/v1/files/list",
+        list_files,
+        "List a directory",
+        response=schemas.EntryList,
+        query=(
+            Query("path", {"type": "string"}),
+            Query("depth", {"type": "integer", "minimum": 1, "maximum": 32}),
+        ),
+        errors=(403, 404, 503),
+    ),
+    Operation(
+        "GET",
+        "/v1/files/stat",
+        stat_file,
+        "Describe one path",
+        response=schemas.Entry,
+        query=(_PATH,),
+        errors=(403, 404, 503),
+    ),
+    Operation(
+        "POST",
+        "/v1/files/mkdir",
+        make_dir,
+        "Create a directory",
+        body=schemas.MkdirRequest,
+        response=schemas.Entry,
+        errors=(403, 404, 409, 503),
+    ),
+    Operation(
+        "POST",
+        "/v1/files/move",
+        move_file,
+        "Move or rename",
+        body=schemas.MoveRequest,
+        response=schemas.Entry,
+        errors=(403, 404, 409, 503),
+    ),
+    Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
+)
+
+
+def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> Starlette:
+    app = Starlette(routes=routes(OPERATIONS), exception_handlers=EXCEPTION_HANDLERS)
+    app.state.daemon = Daemon(config, dict(os.environ) if environ is None else environ)
+    app.state.openapi = openapi("sandcell daemon", __version__, OPERATIONS)
+    return app

@@ -1,0 +1,86 @@
+"""A client for one daemon that signs each request with the sandbox's session key.
+
+The manager uses it for health checks and `/init`; tests and benchmarks use it to talk to a
+daemon directly. (The router proxies raw requests and signs them itself with `tokens`.)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from sandcell import tokens
+
+DAEMON_BASE_URL = "http://sandcell-daemon"
+
+
+def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.HTTPTransport, str]:
+    """An httpx transport and base URL for a daemon endpoint ({"uds"} or {"host", "port"})."""
+    if "uds" in endpoint:
+        return httpx.HTTPTransport(uds=str(endpoint["uds"])), DAEMON_BASE_URL
+    return httpx.HTTPTransport(), f"http://{endpoint['host']}:{endpoint['port']}"
+
+
+class DaemonClient:
+    def __init__(
+        self,
+        endpoint: dict[str, Any],
+        sandbox_id: str,
+        session_key: tokens.PrivateKey | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        transport, base_url = transport_for(endpoint)
+        self.http = httpx.Client(transport=transport, base_url=base_url, timeout=timeout_s)
+        self.sandbox_id = sandbox_id
+        self.session_key = session_key
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def health(self) -> dict[str, Any]:
+        response = self.http.get("/health")
+        response.raise_for_status()
+        return response.json()
+
+    def init(self, bootstrap_token: str) -> httpx.Response:
+        return self.http.post("/init", json={"token": bootstrap_token})
+
+    def signed_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        bind_body: bool = True,
+    ) -> httpx.Response:
+        """Sends `method path` with a fresh single-use request token bound to it."""
+        if self.session_key is None:
+            raise RuntimeError("no session key: the sandbox has not been initialised")
+        if json_body is not None:
+            content = json.dumps(json_body).encode()
+        request = self.http.build_request(
+            method, path, content=content, params=params, headers=headers
+        )
+        target = request.url.raw_path.decode("latin-1")
+        body = (content or b"") if bind_body else None
+        token = tokens.mint_request_token(self.session_key, self.sandbox_id, method, target, body)
+        request.headers["authorization"] = f"Bearer {token}"
+        if json_body is not None:
+            request.headers["content-type"] = "application/json"
+        return self.http.send(request)
+
+    def exec(self, command: str | list[str], **fields: Any) -> dict[str, Any]:
+        response = self.signed_request("POST", "/v1/exec", json_body={"command": command, **fields})
+        response.raise_for_status()
+        return response.json()

@@ -1,0 +1,206 @@
+"""File operations on the confined workspace: entries, listing, streamed reads and writes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import secrets
+import shutil
+import stat
+from collections.abc import AsyncIterable, Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from sandcell.daemon.workspace import Workspace, fs_error
+from sandcell.errors import ErrorCode, SandcellError
+
+READ_CHUNK = 256 * 1024
+MAX_LIST_DEPTH = 32
+MAX_LIST_ENTRIES = 10_000
+
+
+def _type_of(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "dir" if stat.S_ISDIR(mode) else "file"
+
+
+def make_entry(rel: str, st: os.stat_result) -> dict[str, Any]:
+    return {
+        "name": posixpath.basename(rel) if rel != "." else "",
+        "path": rel,
+        "type": _type_of(st.st_mode),
+        "size": st.st_size,
+        "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+        "modified": datetime.fromtimestamp(st.st_mtime, UTC).isoformat().replace("+00:00", "Z"),
+    }
+
+
+class Files:
+    def __init__(self, workspace: Workspace, max_upload_bytes: int) -> None:
+        self.ws = workspace
+        self.max_upload_bytes = max_upload_bytes
+
+    def stat(self, path: str) -> dict[str, Any]:
+        rel = self.ws.relative(path)
+        if rel == ".":
+            return make_entry(rel, os.stat(self.ws.root_fd))
+        with self.ws.parent(rel) as (dir_fd, name):
+            try:
+                return make_entry(rel, os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+            except OSError as exc:
+                raise fs_error(exc, rel) from exc
+
+    def list(self, path: str, depth: int) -> list[dict[str, Any]]:
+        if not 1 <= depth <= MAX_LIST_DEPTH:
+            raise SandcellError(
+                ErrorCode.BAD_REQUEST, f"depth must be between 1 and {MAX_LIST_DEPTH}"
+            )
+        rel = self.ws.relative(path)
+        entries: list[dict[str, Any]] = []
+        self._list_into(rel, depth, entries)
+        return entries
+
+    def _list_into(self, rel: str, depth: int, out: list[dict[str, Any]]) -> None:
+        with self.ws.fd(rel, os.O_RDONLY | os.O_DIRECTORY) as dir_fd:
+            try:
+                children = sorted(os.scandir(dir_fd), key=lambda e: e.name)
+                stats = [(e.name, e.stat(follow_symlinks=False)) for e in children]
+            except OSError as exc:
+                raise fs_error(exc, rel) from exc
+        for name, st in stats:
+            if len(out) >= MAX_LIST_ENTRIES:
+                raise SandcellError(
+                    ErrorCode.BAD_REQUEST,
+                    f"more than {MAX_LIST_ENTRIES} entries; list with a smaller depth",
+                )
+            child = name if rel == "." else f"{rel}/{name}"
+            out.append(make_entry(child, st))
+            if depth > 1 and stat.S_ISDIR(st.st_mode):
+                self._list_into(child, depth - 1, out)
+
+    def mkdir(self, path: str, parents: bool) -> dict[str, Any]:
+        rel = self.ws.relative(path)
+        if parents:
+            self.ws.makedirs(rel)
+        else:
+            with self.ws.parent(rel) as (dir_fd, name):
+                try:
+                    os.mkdir(name, 0o755, dir_fd=dir_fd)
+                except OSError as exc:
+                    raise fs_error(exc, rel) from exc
+        return self.stat(rel)
+
+    def move(self, src: str, dst: str, overwrite: bool) -> dict[str, Any]:
+        src_rel, dst_rel = self.ws.relative(src), self.ws.relative(dst)
+        self.ws.rename(src_rel, dst_rel, overwrite)
+        return self.stat(dst_rel)
+
+    def remove(self, path: str, recursive: bool) -> None:
+        rel = self.ws.relative(path)
+        with self.ws.parent(rel) as (dir_fd, name):
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=dir_fd)
+                elif recursive:
+                    # The fd-based rmtree never follows a symlink out of the tree.
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
+                    os.rmdir(name, dir_fd=dir_fd)
+            except OSError as exc:
+                raise fs_error(exc, rel) from exc
+
+    def open_for_read(self, path: str) -> tuple[int, int]:
+        """An fd of a regular file beneath the workspace and its size."""
+        rel = self.ws.relative(path)
+        fd = self.ws.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise SandcellError(ErrorCode.BAD_REQUEST, f"{rel}: not a regular file", {"path": rel})
+        return fd, st.st_size
+
+    @staticmethod
+    def iter_fd(fd: int) -> Iterator[bytes]:
+        try:
+            while chunk := os.read(fd, READ_CHUNK):
+                yield chunk
+        finally:
+            os.close(fd)
+
+    async def write(
+        self,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        declared_size: int | None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Streams into a temp file next to the target, then renames it into place.
+
+        `before_commit` runs once the body is complete (the request-token body check), so a
+        rejected upload never replaces the target.
+        """
+        rel = self.ws.relative(path)
+        if declared_size is not None and declared_size > self.max_upload_bytes:
+            raise self._too_large(rel)
+        head = posixpath.dirname(rel)
+        if head:
+            self.ws.makedirs(head)
+        self._refuse_outward_link(rel)
+        with self.ws.parent(rel) as (dir_fd, name):
+            tmp = f".{name}.sandcell-upload-{secrets.token_hex(6)}"
+            try:
+                fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o644,
+                    dir_fd=dir_fd,
+                )
+            except OSError as exc:
+                raise fs_error(exc, rel) from exc
+            try:
+                await self._copy_bounded(fd, chunks, rel)
+                if before_commit is not None:
+                    before_commit()
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                _unlink_quietly(tmp, dir_fd)
+                raise
+            finally:
+                os.close(fd)
+        return self.stat(rel)
+
+    def _refuse_outward_link(self, rel: str) -> None:
+        """The rename would replace a symlink, not follow it; still, one pointing out is a 403."""
+        try:
+            os.close(self.ws.open(rel, os.O_PATH))
+        except SandcellError as exc:
+            if exc.code is not ErrorCode.FILE_NOT_FOUND:
+                raise
+
+    async def _copy_bounded(self, fd: int, chunks: AsyncIterable[bytes], rel: str) -> None:
+        written = 0
+        async for chunk in chunks:
+            written += len(chunk)
+            if written > self.max_upload_bytes:
+                raise self._too_large(rel)
+            try:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError as exc:
+                raise fs_error(exc, rel) from exc
+
+    def _too_large(self, rel: str) -> SandcellError:
+        return SandcellError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"{rel}: upload exceeds the disk quota of {self.max_upload_bytes} bytes",
+            {"path": rel, "limit_bytes": self.max_upload_bytes},
+        )
+
+
+def _unlink_quietly(name: str, dir_fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)

@@ -1,0 +1,91 @@
+"""The daemon's request and response bodies (SPEC §2)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_TIMEOUT_S = 86_400
+DEFAULT_MAX_OUTPUT = 1_048_576
+MAX_OUTPUT_CAP = 64 * 1_048_576
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InitRequest(_Strict):
+    token: str = Field(min_length=1, max_length=16_384)
+
+
+class InitResponse(BaseModel):
+    status: Literal["initialized"]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    initialized: bool
+    version: str
+    uptime_s: float
+
+
+class ExecRequest(_Strict):
+    command: str | list[str] = Field(
+        description="A string runs with /bin/sh -c; an array is executed directly."
+    )
+    cwd: str | None = Field(None, description="Relative to the workspace.")
+    env: dict[str, str] | None = None
+    timeout_s: float = Field(60, gt=0, le=MAX_TIMEOUT_S)
+    stdin: str | None = None
+    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_CAP)
+
+    @field_validator("command")
+    @classmethod
+    def _command_runnable(cls, command: str | list[str]) -> str | list[str]:
+        parts = [command] if isinstance(command, str) else command
+        if not parts or not parts[0]:
+            raise ValueError("command must not be empty")
+        if any("\0" in part for part in parts):
+            raise ValueError("command must not contain NUL bytes")
+        return command
+
+    def argv(self) -> list[str]:
+        return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else self.command
+
+
+class ExecResult(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    signal: int | None
+    duration_s: float
+
+
+class Entry(BaseModel):
+    name: str
+    path: str
+    type: Literal["file", "dir", "symlink"]
+    size: int
+    mode: str
+    modified: str
+
+
+class EntryList(BaseModel):
+    entries: list[Entry]
+
+
+class MkdirRequest(_Strict):
+    path: str
+    parents: bool = True
+
+
+class MoveRequest(_Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    source: str = Field(alias="from")
+    to: str
+    overwrite: bool = False

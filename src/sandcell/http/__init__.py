@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by the daemon and the router: errors, bodies, OpenAPI."""

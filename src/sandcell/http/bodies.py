@@ -1,0 +1,71 @@
+"""Bounded request bodies and pydantic parsing into the spec's 400 shape."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from sandcell.errors import ErrorCode, SandcellError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def too_large(limit: int) -> SandcellError:
+    return SandcellError(
+        ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes", {"limit_bytes": limit}
+    )
+
+
+def declared_length(request: Request) -> int | None:
+    raw = request.headers.get("content-length")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise SandcellError(ErrorCode.BAD_REQUEST, "invalid Content-Length")
+    return int(raw)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing (413) as soon as it passes `limit` bytes."""
+    declared = declared_length(request)
+    if declared is not None and declared > limit:
+        raise too_large(limit)
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def stream_body(request: Request) -> AsyncIterator[bytes]:
+    async for chunk in request.stream():
+        if chunk:
+            yield chunk
+
+
+def parse_model(model: type[ModelT], body: bytes) -> ModelT:
+    if not body:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "request body must be a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = [
+            {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        raise SandcellError(
+            ErrorCode.BAD_REQUEST, "request body is not valid", {"errors": errors}
+        ) from None
+
+
+def path_with_query(request: Request) -> str:
+    """The request target exactly as sent (what a request token's `htu` binds)."""
+    raw = request.scope.get("raw_path") or request.scope["path"].encode()
+    query = request.scope.get("query_string", b"")
+    target = raw + (b"?" + query if query else b"")
+    return target.decode("latin-1")

@@ -1,0 +1,42 @@
+"""One error shape for every response that is not 2xx (SPEC §1)."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sandcell.errors import ErrorCode, SandcellError, code_for_status, error_body
+
+log = logging.getLogger("sandcell.http")
+
+
+def error_response(exc: SandcellError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _sandcell_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SandcellError)
+    return error_response(exc)
+
+
+async def _http_exception(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = code_for_status(exc.status_code)
+    return JSONResponse(
+        error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(error_body(ErrorCode.INTERNAL, "internal error"), status_code=500)
+
+
+EXCEPTION_HANDLERS = {
+    SandcellError: _sandcell_error,
+    HTTPException: _http_exception,
+    Exception: _unexpected,
+}

@@ -1,0 +1,107 @@
+"""Routes and their OpenAPI document from one table, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    schema: dict[str, Any]
+    required: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One method on one path. `body`/`response` is a model, a media type, or None."""
+
+    method: str
+    path: str
+    endpoint: Endpoint
+    summary: str
+    body: type[BaseModel] | str | None = None
+    response: type[BaseModel] | str | None = None
+    status: int = 200
+    query: tuple[Query, ...] = ()
+    errors: tuple[int, ...] = ()
+    secured: bool = True
+
+
+def routes(operations: Sequence[Operation]) -> list[Route]:
+    return [Route(op.path, op.endpoint, methods=[op.method]) for op in operations]
+
+
+def _content(kind: type[BaseModel] | str, schemas: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(kind, str):
+        return {kind: {"schema": {"type": "string", "format": "binary"}}}
+    schema = kind.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(schema.pop("$defs", {}))
+    schemas[kind.__name__] = schema
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{kind.__name__}"}}}
+
+
+def _operation(op: Operation, schemas: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"summary": op.summary, "operationId": op.endpoint.__name__}
+    if op.query:
+        doc["parameters"] = [
+            {
+                "name": q.name,
+                "in": "query",
+                "required": q.required,
+                "schema": q.schema,
+                "description": q.description,
+            }
+            for q in op.query
+        ]
+    if op.body is not None:
+        doc["requestBody"] = {"required": True, "content": _content(op.body, schemas)}
+    ok: dict[str, Any] = {"description": "success"}
+    if op.response is not None:
+        ok["content"] = _content(op.response, schemas)
+    error = {"description": "error", "content": _content(ErrorBody, schemas)}
+    codes = sorted({400, 500, *op.errors, *((401,) if op.secured else ())})
+    doc["responses"] = {str(op.status): ok, **{str(c): error for c in codes}}
+    if op.secured:
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+def openapi(
+    title: str, version: str, operations: Sequence[Operation], bearer_format: str = "JWT"
+) -> dict[str, Any]:
+    schemas: dict[str, Any] = {}
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, schemas)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": bearer_format}
+            },
+        },
+    }
