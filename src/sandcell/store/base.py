@@ -1,0 +1,152 @@
+"""The one store interface that the router and the manager program against."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Self
+
+from .crypto import Sealer
+from .records import STATES, ApiKeyRecord, SandboxRecord, State
+
+FieldValue = str | int | float | bytes
+SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed session private key
+
+
+class ApiKeyExistsError(Exception):
+    """An API key with this name already exists (revoked ones included: names are not reused)."""
+
+
+def _session_aad(sandbox_id: str) -> bytes:
+    return b"sandcell/session-key/" + sandbox_id.encode()
+
+
+def _secret_aad(name: str) -> bytes:
+    return b"sandcell/secret/" + name.encode()
+
+
+class Store(ABC):
+    """Async persistence for sandboxes, their session keys, API keys and manager secrets.
+
+    `update_state`, `touch` and `put_session_key` only change a sandbox that exists: they return
+    whether it did and never recreate one deleted meanwhile (say, by the reaper), so a late write
+    cannot resurrect half a sandbox. Secrets are sealed and opened here, so backends only ever
+    handle ciphertext and the AAD (naming the record a blob belongs to) is built in one place.
+    """
+
+    def __init__(self, sealer: Sealer) -> None:
+        self._sealer = sealer
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- sandboxes ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_sandbox(self, rec: SandboxRecord) -> None:
+        """Create or replace a sandbox record; a session key already stored for it is kept."""
+
+    @abstractmethod
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
+
+    async def update_state(self, sandbox_id: str, state: State) -> bool:
+        if state not in STATES:
+            raise ValueError(f"invalid sandbox state {state!r}; expected one of {STATES}")
+        return await self._update_if_exists(sandbox_id, {"state": state})
+
+    @abstractmethod
+    async def touch(self, sandbox_id: str, now: float, idle_timeout_s: int | None = None) -> bool:
+        """Record activity at `now` (and optionally a new idle timeout), in one round trip.
+
+        Called on every proxied request, so it never reads the record first.
+        """
+
+    @abstractmethod
+    async def list_sandboxes(self, owner: str | None = None) -> list[SandboxRecord]:
+        """All sandboxes, or one owner's, oldest first."""
+
+    @abstractmethod
+    async def count_sandboxes(self, owner: str | None = None) -> int: ...
+
+    @abstractmethod
+    async def due_for_reaping(self, now: float, limit: int) -> list[str]:
+        """Up to `limit` ids whose deadline (`SandboxRecord.deadline`) is at or before `now`."""
+
+    @abstractmethod
+    async def delete_sandbox(self, sandbox_id: str) -> bool:
+        """Delete the record and its session key in one atomic step; False if already gone."""
+
+    @abstractmethod
+    async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
+        """Overwrite some stored fields of an existing sandbox; never create one."""
+
+    # -- session keys (sealed, bound to the sandbox id) ---------------------------------------
+
+    async def put_session_key(self, sandbox_id: str, pem: bytes) -> bool:
+        blob = self._sealer.seal(pem, _session_aad(sandbox_id))
+        return await self._update_if_exists(sandbox_id, {SESSION_KEY_FIELD: blob})
+
+    async def get_session_key(self, sandbox_id: str) -> bytes | None:
+        blob = await self._get_session_blob(sandbox_id)
+        return None if blob is None else self._sealer.open(blob, _session_aad(sandbox_id))
+
+    @abstractmethod
+    async def _get_session_blob(self, sandbox_id: str) -> bytes | None: ...
+
+    # -- API keys -----------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_api_key(self, rec: ApiKeyRecord) -> None:
+        """Add a key; raises ApiKeyExistsError if the name is taken."""
+
+    @abstractmethod
+    async def get_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
+        """The key's record, revoked or not: callers must check `revoked`."""
+
+    @abstractmethod
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        """All keys, revoked included, sorted by name."""
+
+    @abstractmethod
+    async def revoke_api_key(self, name: str) -> bool: ...
+
+    # -- manager secrets (sealed, bound to their name) ----------------------------------------
+
+    async def get_secret(self, name: str) -> bytes | None:
+        blob = await self._get_secret_blob(name)
+        return None if blob is None else self._sealer.open(blob, _secret_aad(name))
+
+    async def put_secret_if_absent(self, name: str, value: bytes) -> bytes:
+        """Store `value` unless `name` already has one; return the value that won.
+
+        Lets replicas starting together each generate a candidate and all adopt the same one.
+        """
+        blob = await self._put_secret_blob_if_absent(
+            name, self._sealer.seal(value, _secret_aad(name))
+        )
+        return self._sealer.open(blob, _secret_aad(name))
+
+    @abstractmethod
+    async def _get_secret_blob(self, name: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def _put_secret_blob_if_absent(self, name: str, blob: bytes) -> bytes:
+        """Store `blob` unless one exists; return the stored blob (ours or the earlier one)."""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise if the backend is unreachable (used by readiness checks)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...

@@ -1,0 +1,117 @@
+"""The records the store keeps, and their two serialised forms.
+
+`to_dict` gives the JSON-safe form used by APIs and tests. `to_flat` gives the one-level form both
+backends persist (an SQLite row, a Redis hash): scalars stay scalars, booleans become 0/1 and dicts
+become JSON text, so one field such as `last_activity_at` can be rewritten in place without reading
+the record first. `from_dict` reads either form, so the two backends share one serialisation
+instead of each growing its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal, Self, get_args, get_origin, get_type_hints
+
+State = Literal["creating", "running", "deleting", "failed"]
+STATES: frozenset[str] = frozenset(get_args(State))
+
+Flat = dict[str, str | int | float]
+
+
+def deadline_of(expires_at: float, last_activity_at: float, idle_timeout_s: int) -> float:
+    """When a sandbox must be reaped: at its max lifetime, or after `idle_timeout_s` of silence."""
+    return min(expires_at, last_activity_at + idle_timeout_s)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _json_dict(value: Any) -> dict[str, Any]:
+    return json.loads(value) if isinstance(value, str | bytes) else dict(value)
+
+
+@cache
+def _decoders(cls: type) -> dict[str, Callable[[Any], Any]]:
+    """Per-field converters that accept both native values and the bytes Redis hands back."""
+    decoders: dict[str, Callable[[Any], Any]] = {}
+    for name, hint in get_type_hints(cls).items():
+        if get_origin(hint) is dict:
+            decoders[name] = _json_dict
+        elif hint is bool:
+            decoders[name] = lambda v: bool(int(v)) if isinstance(v, str | bytes) else bool(v)
+        elif hint in (int, float):
+            decoders[name] = hint
+        else:
+            decoders[name] = _text
+    return decoders
+
+
+class _Record:
+    """Serialisation shared by every record type (dataclass fields only, no nesting)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build from `to_dict` or `to_flat` output, or a raw row/hash (extra keys are ignored)."""
+        return cls(**{name: decode(data[name]) for name, decode in _decoders(cls).items()})
+
+    def to_flat(self) -> Flat:
+        flat: Flat = {}
+        for name, value in self.to_dict().items():
+            if isinstance(value, dict):
+                flat[name] = json.dumps(value, separators=(",", ":"), sort_keys=True)
+            elif isinstance(value, bool):
+                flat[name] = int(value)
+            else:
+                flat[name] = value
+        return flat
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRecord(_Record):
+    id: str
+    owner: str
+    template: str
+    state: State
+    created_at: float
+    expires_at: float
+    idle_timeout_s: int
+    last_activity_at: float
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
+    endpoint: dict[str, str | int] = field(default_factory=dict)
+    cell: dict[str, str | int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"invalid sandbox state {self.state!r}; expected one of {STATES}")
+
+    @property
+    def deadline(self) -> float:
+        return deadline_of(self.expires_at, self.last_activity_at, self.idle_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord(_Record):
+    """An API key as stored: only its hash, never the key itself."""
+
+    name: str
+    principal: str
+    key_hash: str
+    admin: bool
+    created_at: float
+    revoked: bool = False

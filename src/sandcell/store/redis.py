@@ -1,0 +1,263 @@
+"""Redis / Valkey backend, shared by several router and manager replicas.
+
+Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
+
+    sandcell:sbx:{<id>}            hash    SandboxRecord.to_flat() + `session_key` (sealed)
+    sandcell:{idx}:expiry          zset    id -> expires_at (exact)
+    sandcell:{idx}:idle            zset    id -> last_activity_at + idle_timeout_s (lower bound)
+    sandcell:{idx}:owner:<owner>   zset    id -> when the entry was written
+    sandcell:apikey:{<key hash>}   hash    ApiKeyRecord.to_flat()
+    sandcell:{apikeys}:names       hash    name -> key hash
+    sandcell:secret:{<name>}       string  sealed value
+
+Each sandbox is one hash in a slot of its own, holding its session key too, so one DEL removes
+record and key together. The indexes live elsewhere and are updated by non-transactional
+pipelines; nothing here runs MULTI/EXEC or a script over keys in different slots. The price is
+that an index may list an id whose hash is gone (for a moment, or for good after a client died
+mid-pipeline). Readers therefore check the hash and drop such ids, and prune them once their
+score is more than STALE_GRACE_S in the past: a younger one may belong to a put_sandbox in
+flight, which writes its index entries before its hash so that no sandbox is ever unindexed.
+
+The idle index holds a lower bound of each idle deadline, so the hot path, touch, only rewrites
+hash fields (activity only pushes the deadline later); it writes the index too only when a new
+idle timeout could pull the deadline earlier. due_for_reaping checks every candidate against its
+hash and moves those not yet due to their true idle deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+
+from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Store
+from .crypto import Sealer
+from .records import ApiKeyRecord, SandboxRecord, deadline_of
+
+STALE_GRACE_S = 60.0
+
+EXPIRY_INDEX = "sandcell:{idx}:expiry"
+IDLE_INDEX = "sandcell:{idx}:idle"
+API_KEY_NAMES = "sandcell:{apikeys}:names"
+
+_SBX_FIELDS = SandboxRecord.fields()
+_KEY_FIELDS = ApiKeyRecord.fields()
+_DEADLINE_FIELDS = ("expires_at", "last_activity_at", "idle_timeout_s")
+
+# Both scripts touch a single key, so they are safe on a cluster.
+_HSET_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+_RESCORE_IF_UNCHANGED = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+
+def _sandbox_key(sandbox_id: str) -> str:
+    return f"sandcell:sbx:{{{sandbox_id}}}"
+
+
+def _owner_index(owner: str) -> str:
+    return f"sandcell:{{idx}}:owner:{owner}"
+
+
+def _api_key_key(key_hash: str) -> str:
+    return f"sandcell:apikey:{{{key_hash}}}"
+
+
+def _secret_key(name: str) -> str:
+    return f"sandcell:secret:{{{name}}}"
+
+
+def _hset_if_exists(client: Any, key: str, fields: Mapping[str, FieldValue]) -> Any:
+    """Queue (on a pipeline) or run (on a client) an HSET that never creates the hash."""
+    return client.eval(_HSET_IF_EXISTS, 1, key, *itertools.chain.from_iterable(fields.items()))
+
+
+class RedisStore(Store):
+    def __init__(self, client: Redis, sealer: Sealer) -> None:
+        super().__init__(sealer)
+        self._r = client
+
+    async def _hmget_many(self, keys: Sequence[str], fields: Sequence[str]) -> list[list[Any]]:
+        async with self._r.pipeline(transaction=False) as p:
+            for key in keys:
+                p.hmget(key, fields)
+            return await p.execute()
+
+    async def _prune(self, ids: Sequence[str], *indexes: str) -> None:
+        """Forget ids whose hash is gone, in the deadline indexes and any `indexes` given."""
+        if ids:
+            async with self._r.pipeline(transaction=False) as p:
+                for index in (EXPIRY_INDEX, IDLE_INDEX, *indexes):
+                    p.zrem(index, *ids)
+                await p.execute()
+
+    # -- sandboxes ---------------------------------------------------------------------------
+
+    async def put_sandbox(self, rec: SandboxRecord) -> None:
+        async with self._r.pipeline(transaction=False) as p:
+            # Indexes first: a crash part-way leaves a stale index entry, never a lost sandbox.
+            p.zadd(EXPIRY_INDEX, {rec.id: rec.expires_at})
+            p.zadd(IDLE_INDEX, {rec.id: rec.last_activity_at + rec.idle_timeout_s})
+            p.zadd(_owner_index(rec.owner), {rec.id: time.time()})
+            p.hset(_sandbox_key(rec.id), mapping=rec.to_flat())
+            await p.execute()
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        values = await self._r.hmget(_sandbox_key(sandbox_id), _SBX_FIELDS)
+        return _from_hmget(SandboxRecord, values)
+
+    async def touch(self, sandbox_id: str, now: float, idle_timeout_s: int | None = None) -> bool:
+        if idle_timeout_s is None:  # the hot path: one script call, cheaper than a pipeline
+            return await self._update_if_exists(sandbox_id, {"last_activity_at": now})
+        fields = {"last_activity_at": now, "idle_timeout_s": idle_timeout_s}
+        async with self._r.pipeline(transaction=False) as p:
+            # A new timeout can pull the idle deadline earlier, so the index follows right away.
+            p.zadd(IDLE_INDEX, {sandbox_id: now + idle_timeout_s}, xx=True)
+            _hset_if_exists(p, _sandbox_key(sandbox_id), fields)
+            return bool((await p.execute())[-1])
+
+    async def list_sandboxes(self, owner: str | None = None) -> list[SandboxRecord]:
+        index = EXPIRY_INDEX if owner is None else _owner_index(owner)
+        entries = await self._r.zrange(index, 0, -1, withscores=True)
+        ids = [member.decode() for member, _ in entries]
+        rows = await self._hmget_many(list(map(_sandbox_key, ids)), _SBX_FIELDS)
+        records = [_from_hmget(SandboxRecord, row) for row in rows]
+        cutoff = time.time() - STALE_GRACE_S
+        gone = zip(ids, entries, records, strict=True)
+        await self._prune([i for i, (_, score), r in gone if r is None and score <= cutoff], index)
+        live = [r for r in records if r is not None and owner in (None, r.owner)]
+        return sorted(live, key=lambda r: (r.created_at, r.id))
+
+    async def count_sandboxes(self, owner: str | None = None) -> int:
+        # Index cardinality would count stale entries; the records are few and small.
+        return len(await self.list_sandboxes(owner))
+
+    async def due_for_reaping(self, now: float, limit: int) -> list[str]:
+        due: dict[str, None] = {}  # an ordered set
+        for index in (EXPIRY_INDEX, IDLE_INDEX):
+            await self._sweep(index, now, limit, due)
+        return list(due)
+
+    async def _sweep(self, index: str, now: float, limit: int, due: dict[str, None]) -> None:
+        """Add to `due` the ids of `index` scored <= now that really are due, up to `limit`.
+
+        Entries that stay in range (due ones, and stale ones still in their grace period) are
+        stepped over with `offset`; the rest leave the range (pruned, or rescored to a future
+        deadline), so every pass makes progress.
+        """
+        offset = 0
+        while len(due) < limit:
+            want = limit - len(due)
+            batch = await self._r.zrangebyscore(
+                index, "-inf", now, start=offset, num=want, withscores=True
+            )
+            ids = [member.decode() for member, _ in batch]
+            rows = await self._hmget_many(list(map(_sandbox_key, ids)), _DEADLINE_FIELDS)
+            stale: list[str] = []
+            rescore: list[tuple[str, float, float]] = []
+            for sandbox_id, (_, score), (expires, last, idle) in zip(ids, batch, rows, strict=True):
+                if expires is None:
+                    if score <= now - STALE_GRACE_S:
+                        stale.append(sandbox_id)
+                        continue
+                elif deadline_of(float(expires), float(last), int(idle)) <= now:
+                    due[sandbox_id] = None
+                elif index == IDLE_INDEX:
+                    rescore.append((sandbox_id, score, float(last) + int(idle)))
+                    continue
+                offset += 1
+            await self._prune(stale)
+            if rescore:
+                async with self._r.pipeline(transaction=False) as p:
+                    for sandbox_id, old, new in rescore:
+                        p.eval(_RESCORE_IF_UNCHANGED, 1, IDLE_INDEX, sandbox_id, old, new)
+                    offset += (await p.execute()).count(0)  # moved meanwhile: step over it
+            if len(batch) < want:
+                return
+
+    async def delete_sandbox(self, sandbox_id: str) -> bool:
+        key = _sandbox_key(sandbox_id)
+        async with self._r.pipeline(transaction=False) as p:
+            # Hash first: a crash part-way leaves stale index entries, which readers tolerate.
+            p.hget(key, "owner")
+            p.delete(key)
+            p.zrem(EXPIRY_INDEX, sandbox_id)
+            p.zrem(IDLE_INDEX, sandbox_id)
+            owner, deleted, *_ = await p.execute()
+        if owner is not None:
+            await self._r.zrem(_owner_index(owner.decode()), sandbox_id)
+        return deleted == 1
+
+    async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
+        return bool(await _hset_if_exists(self._r, _sandbox_key(sandbox_id), fields))
+
+    async def _get_session_blob(self, sandbox_id: str) -> bytes | None:
+        return await self._r.hget(_sandbox_key(sandbox_id), SESSION_KEY_FIELD)
+
+    # -- API keys -----------------------------------------------------------------------------
+
+    async def put_api_key(self, rec: ApiKeyRecord) -> None:
+        key = _api_key_key(rec.key_hash)
+        # Record first, name second: a crash in between leaves a record that no name leads to
+        # and whose key was never handed out, rather than a name that leads nowhere.
+        await self._r.hset(key, mapping=rec.to_flat())
+        if not await self._r.hsetnx(API_KEY_NAMES, rec.name, rec.key_hash):
+            await self._r.delete(key)
+            raise ApiKeyExistsError(f"an API key named {rec.name!r} already exists")
+
+    async def get_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
+        return _from_hmget(ApiKeyRecord, await self._r.hmget(_api_key_key(key_hash), _KEY_FIELDS))
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        hashes = (await self._r.hgetall(API_KEY_NAMES)).values()
+        rows = await self._hmget_many([_api_key_key(h.decode()) for h in hashes], _KEY_FIELDS)
+        records = [_from_hmget(ApiKeyRecord, row) for row in rows]
+        return sorted((r for r in records if r is not None), key=lambda r: r.name)
+
+    async def revoke_api_key(self, name: str) -> bool:
+        key_hash = await self._r.hget(API_KEY_NAMES, name)
+        if key_hash is None:
+            return False
+        return bool(await _hset_if_exists(self._r, _api_key_key(key_hash.decode()), {"revoked": 1}))
+
+    # -- manager secrets ----------------------------------------------------------------------
+
+    async def _get_secret_blob(self, name: str) -> bytes | None:
+        return await self._r.get(_secret_key(name))
+
+    async def _put_secret_blob_if_absent(self, name: str, blob: bytes) -> bytes:
+        key = _secret_key(name)
+        async with self._r.pipeline(transaction=False) as p:
+            # A stored secret is never overwritten, so the GET sees whichever SET NX came first.
+            p.set(key, blob, nx=True)
+            p.get(key)
+            _, stored = await p.execute()
+        return stored
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def ping(self) -> None:
+        await self._r.ping()
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+
+_R = TypeVar("_R", SandboxRecord, ApiKeyRecord)
+
+
+def _from_hmget(cls: type[_R], values: list[Any]) -> _R | None:
+    """Rebuild a record from an HMGET of all its fields; None if the hash does not exist."""
+    if values[0] is None:
+        return None
+    return cls.from_dict(dict(zip(cls.fields(), values, strict=True)))

@@ -1,0 +1,210 @@
+"""SQLite backend: the embedded default, one file in the data dir, for a single server process.
+
+Every call is one indexed statement on a local file that completes in well under a millisecond,
+so it runs inline in the coroutine: a thread hop per call would cost more than the work and
+would need a dependency such as aiosqlite. WAL mode lets readers proceed beside the writer, and
+`busy_timeout` bounds the wait when another process (say `sandcell keys create`) holds the
+write lock. One connection, guarded by a lock, serves every thread and task of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Store
+from .crypto import Sealer
+from .records import ApiKeyRecord, SandboxRecord
+
+SCHEMA_VERSION = 1  # kept in PRAGMA user_version
+BUSY_TIMEOUT_MS = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id               TEXT PRIMARY KEY,
+    owner            TEXT NOT NULL,
+    template         TEXT NOT NULL,
+    state            TEXT NOT NULL,
+    created_at       REAL NOT NULL,
+    expires_at       REAL NOT NULL,
+    idle_timeout_s   INTEGER NOT NULL,
+    last_activity_at REAL NOT NULL,
+    metadata         TEXT NOT NULL,  -- JSON
+    env              TEXT NOT NULL,  -- JSON
+    backend          TEXT NOT NULL,
+    endpoint         TEXT NOT NULL,  -- JSON
+    cell             TEXT NOT NULL,  -- JSON
+    session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
+    -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
+    deadline         REAL GENERATED ALWAYS AS
+                         (MIN(expires_at, last_activity_at + idle_timeout_s)) STORED
+) STRICT;
+CREATE INDEX IF NOT EXISTS sandboxes_by_deadline ON sandboxes (deadline);
+CREATE INDEX IF NOT EXISTS sandboxes_by_owner ON sandboxes (owner, created_at);
+CREATE TABLE IF NOT EXISTS api_keys (
+    name       TEXT PRIMARY KEY,
+    principal  TEXT NOT NULL,
+    key_hash   TEXT NOT NULL UNIQUE,
+    admin      INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    revoked    INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS secrets (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL  -- sealed
+) STRICT;
+"""
+
+# Column lists come from the record classes (never from input), hence the S608 waivers below.
+_SBX_COLS = ", ".join(SandboxRecord.fields())
+_KEY_COLS = ", ".join(ApiKeyRecord.fields())
+_UPSERT_SANDBOX = (
+    f"INSERT INTO sandboxes ({_SBX_COLS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in SandboxRecord.fields())}) "
+    "ON CONFLICT (id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in SandboxRecord.fields()[1:])
+)
+_INSERT_KEY = (
+    f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in ApiKeyRecord.fields())})"
+)
+
+
+def _create_private(path: Path) -> None:
+    """Create the file 0600 before SQLite opens it; SQLite gives -wal/-shm the same mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"store schema version {version} is newer than this sandcell supports "
+            f"({SCHEMA_VERSION}); upgrade sandcell"
+        )
+    if version < SCHEMA_VERSION:
+        # IF NOT EXISTS + IMMEDIATE: processes opening a fresh file together serialise here.
+        conn.executescript(
+            f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
+        )
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: Path, sealer: Sealer) -> None:
+        super().__init__(sealer)
+        _create_private(path)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")  # durable enough with WAL, faster
+            _migrate(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _write(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
+        """Run one autocommitted statement; return the number of rows it changed."""
+        with self._lock:
+            return self._conn.execute(sql, params).rowcount
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    # -- sandboxes ---------------------------------------------------------------------------
+
+    async def put_sandbox(self, rec: SandboxRecord) -> None:
+        self._write(_UPSERT_SANDBOX, rec.to_flat())
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        rows = self._read(f"SELECT {_SBX_COLS} FROM sandboxes WHERE id = ?", (sandbox_id,))  # noqa: S608
+        return SandboxRecord.from_dict(rows[0]) if rows else None
+
+    async def touch(self, sandbox_id: str, now: float, idle_timeout_s: int | None = None) -> bool:
+        fields: dict[str, FieldValue] = {"last_activity_at": now}
+        if idle_timeout_s is not None:
+            fields["idle_timeout_s"] = idle_timeout_s
+        return await self._update_if_exists(sandbox_id, fields)  # `deadline` follows by itself
+
+    async def list_sandboxes(self, owner: str | None = None) -> list[SandboxRecord]:
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+        rows = self._read(
+            f"SELECT {_SBX_COLS} FROM sandboxes {where} ORDER BY created_at, id",  # noqa: S608
+            params,
+        )
+        return [SandboxRecord.from_dict(row) for row in rows]
+
+    async def count_sandboxes(self, owner: str | None = None) -> int:
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+        return self._read(f"SELECT COUNT(*) FROM sandboxes {where}", params)[0][0]  # noqa: S608
+
+    async def due_for_reaping(self, now: float, limit: int) -> list[str]:
+        rows = self._read(
+            "SELECT id FROM sandboxes WHERE deadline <= ? ORDER BY deadline LIMIT ?", (now, limit)
+        )
+        return [row[0] for row in rows]
+
+    async def delete_sandbox(self, sandbox_id: str) -> bool:
+        return self._write("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,)) == 1
+
+    async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
+        assignments = ", ".join(f"{name} = ?" for name in fields)  # names are ours, not input
+        sql = f"UPDATE sandboxes SET {assignments} WHERE id = ?"  # noqa: S608
+        return self._write(sql, (*fields.values(), sandbox_id)) == 1
+
+    async def _get_session_blob(self, sandbox_id: str) -> bytes | None:
+        rows = self._read(
+            f"SELECT {SESSION_KEY_FIELD} FROM sandboxes WHERE id = ?",  # noqa: S608
+            (sandbox_id,),
+        )
+        return rows[0][0] if rows else None
+
+    # -- API keys -----------------------------------------------------------------------------
+
+    async def put_api_key(self, rec: ApiKeyRecord) -> None:
+        try:
+            self._write(_INSERT_KEY, rec.to_flat())
+        except sqlite3.IntegrityError as e:
+            raise ApiKeyExistsError(f"an API key named {rec.name!r} already exists") from e
+
+    async def get_api_key_by_hash(self, key_hash: str) -> ApiKeyRecord | None:
+        rows = self._read(f"SELECT {_KEY_COLS} FROM api_keys WHERE key_hash = ?", (key_hash,))  # noqa: S608
+        return ApiKeyRecord.from_dict(rows[0]) if rows else None
+
+    async def list_api_keys(self) -> list[ApiKeyRecord]:
+        rows = self._read(f"SELECT {_KEY_COLS} FROM api_keys ORDER BY name")  # noqa: S608
+        return [ApiKeyRecord.from_dict(row) for row in rows]
+
+    async def revoke_api_key(self, name: str) -> bool:
+        return self._write("UPDATE api_keys SET revoked = 1 WHERE name = ?", (name,)) == 1
+
+    # -- manager secrets ----------------------------------------------------------------------
+
+    async def _get_secret_blob(self, name: str) -> bytes | None:
+        rows = self._read("SELECT value FROM secrets WHERE name = ?", (name,))
+        return rows[0][0] if rows else None
+
+    async def _put_secret_blob_if_absent(self, name: str, blob: bytes) -> bytes:
+        # A stored secret is never overwritten, so the SELECT sees whichever INSERT came first.
+        self._write(
+            "INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+            (name, blob),
+        )
+        return self._read("SELECT value FROM secrets WHERE name = ?", (name,))[0][0]
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def ping(self) -> None:
+        self._read("SELECT 1")
+
+    async def close(self) -> None:
+        with self._lock:
+            self._conn.close()

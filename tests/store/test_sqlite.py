@@ -1,0 +1,93 @@
+"""What only the SQLite backend promises: file mode, schema, indexes, threads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandcell.store import Sealer, open_store
+from sandcell.store.sqlite import SCHEMA_VERSION, SQLiteStore
+
+from .helpers import T0, make_sandbox
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "store.db"
+
+
+def test_files_are_private_whatever_the_umask(db: Path, sealer: Sealer) -> None:
+    old_umask = os.umask(0)
+    try:
+        store = open_store(f"sqlite://{db}", sealer)
+        asyncio.run(store.put_sandbox(make_sandbox("s")))
+    finally:
+        os.umask(old_umask)
+    files = [db, db.with_name("store.db-wal"), db.with_name("store.db-shm")]
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == dict.fromkeys(
+        (f.name for f in files), 0o600
+    )
+    asyncio.run(store.close())
+
+
+def test_schema_is_versioned_and_newer_is_refused(db: Path, sealer: Sealer) -> None:
+    asyncio.run(SQLiteStore(db, sealer).close())
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="newer than this sandcell supports"):
+        SQLiteStore(db, sealer)
+
+
+def test_reaper_and_owner_queries_use_indexes(db: Path, sealer: Sealer) -> None:
+    asyncio.run(SQLiteStore(db, sealer).close())
+    with sqlite3.connect(db) as conn:
+        plans = {
+            query: " ".join(row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", args))
+            for query, args in [
+                ("SELECT id FROM sandboxes WHERE deadline <= ? ORDER BY deadline LIMIT ?", (0, 1)),
+                ("SELECT id FROM sandboxes WHERE owner = ? ORDER BY created_at, id", ("a",)),
+            ]
+        }
+    conn.close()
+    assert all("USING INDEX" in plan or "USING COVERING INDEX" in plan for plan in plans.values())
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-store", "store-per-thread"])
+def test_eight_threads_touching_at_once(db: Path, sealer: Sealer, shared: bool) -> None:
+    threads, touches = 8, 200
+    setup = SQLiteStore(db, sealer)
+    errors: list[BaseException] = []
+
+    async def work(i: int) -> None:
+        store = setup if shared else SQLiteStore(db, sealer)
+        await store.put_sandbox(make_sandbox(f"s{i}"))
+        for n in range(touches):  # every write takes the one database write lock
+            assert await store.touch(f"s{i}", T0 + n)
+            assert await store.get_sandbox(f"s{i}") is not None
+        if not shared:
+            await store.close()
+
+    def run(i: int) -> None:
+        try:
+            asyncio.run(work(i))
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    records = asyncio.run(setup.list_sandboxes())
+    assert [r.last_activity_at for r in records] == [T0 + touches - 1] * threads
+    asyncio.run(setup.close())
