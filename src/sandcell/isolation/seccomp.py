@@ -1,0 +1,146 @@
+"""The cell's seccomp filter, compiled to classic BPF for ``bwrap --seccomp FD``.
+
+A deny list on top of default ALLOW (SPEC §3): it removes the kernel attack surface that
+untrusted code has no business touching (namespaces, mounts, tracing, eBPF, keyrings,
+modules, io_uring, ...) while leaving ordinary Python/sh work untouched.  Only the native
+architecture is in the filter, so i386 (``int 0x80``) and x32 (``nr | 0x40000000``)
+syscalls hit the bad-arch action and kill the process: libseccomp emits the x32 check
+itself for an x86_64 filter that does not include x32 (verified by the tests).
+"""
+
+import errno
+import functools
+import itertools
+import tempfile
+from collections.abc import Iterator
+
+import pyseccomp
+
+DENIED_SYSCALLS: tuple[str, ...] = (
+    # tracing and reading/writing other processes
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "process_madvise",
+    "pidfd_getfd",
+    "kcmp",
+    # mounts, old and new API
+    "mount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "open_tree_attr",
+    "mount_setattr",
+    # namespaces (clone/clone3 are handled by argument below)
+    "unshare",
+    "setns",
+    # kernel attack surface
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "lookup_dcookie",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "modify_ldt",
+    "iopl",
+    "ioperm",
+    "uselib",
+    # whole-machine administration
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "syslog",
+    "vhangup",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+)
+
+_U32 = 0xFFFFFFFF
+_CLONE_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)  # CLONE_NEWTIME (0x80) is only valid for clone3/unshare; in clone() it is CSIGNAL.
+_DENIED_IOCTLS = (
+    0x5412,  # TIOCSTI: push input into the controlling terminal
+    0x541C,  # TIOCLINUX: same via the Linux console
+)
+# PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26 and the 0xffffffff query: everything
+# else (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO, ...) weakens the process.
+_ALLOWED_PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, _U32)
+
+
+def _aligned_blocks(lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """Cover ``[lo, hi]`` with power-of-two aligned blocks, as ``(mask, value)`` pairs.
+
+    libseccomp 2.5 takes one comparison per argument per rule, so an interval has to be
+    expressed as a union of ``arg & mask == value`` rules.
+    """
+    while lo <= hi:
+        size = lo & -lo if lo else _U32 + 1
+        while lo + size - 1 > hi:
+            size >>= 1
+        yield _U32 & ~(size - 1), lo
+        lo += size
+
+
+def _denied_personalities() -> Iterator[tuple[int, int]]:
+    """Masked rules matching every 32-bit persona (what the kernel reads) not allowed."""
+    for low, high in itertools.pairwise(_ALLOWED_PERSONALITIES):
+        yield from _aligned_blocks(low + 1, high - 1)
+
+
+def _add(flt: pyseccomp.SyscallFilter, action: int, name: str, *args: pyseccomp.Arg) -> None:
+    """Add a rule, skipping syscalls this libseccomp or architecture does not know."""
+    nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+    if nr >= 0:
+        flt.add_rule(action, nr, *args)
+
+
+@functools.cache
+def build_filter() -> bytes:
+    """Compile the filter once (libseccomp takes milliseconds) and return the BPF program."""
+    eperm = pyseccomp.ERRNO(errno.EPERM)
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.KILL_PROCESS)
+    for name in DENIED_SYSCALLS:
+        _add(flt, eperm, name)
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        _add(flt, eperm, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
+    # clone3 passes its flags behind a pointer; ENOSYS makes glibc fall back to clone().
+    _add(flt, pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    # The kernel reads ioctl's cmd and personality's persona as 32-bit: mask the upper half
+    # so that garbage in it cannot slip past an equality test.
+    for cmd in _DENIED_IOCTLS:
+        _add(flt, eperm, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, cmd))
+    for mask, value in _denied_personalities():
+        _add(flt, eperm, "personality", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, mask, value))
+    with tempfile.TemporaryFile() as out:
+        flt.export_bpf(out)
+        out.seek(0)
+        return out.read()
