@@ -17,6 +17,11 @@ from sandcell.daemon.app import create_app
 from sandcell.daemon.config import ConfigError, DaemonConfig, load
 
 _PR_SET_DUMPABLE = 4
+# Beside the workspace, what commands may write: scratch space and the usual devices
+# (opening /dev/null read-write is a write). Landlock binds the calling thread: this runs
+# before the event loop starts any.
+CELL_SCRATCH = ("/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty",  # noqa: S108
+                "/dev/pts")  # fmt: skip
 ORPHAN_REAP_INTERVAL_S = 5.0
 
 
@@ -46,7 +51,7 @@ def harden_self(config: DaemonConfig) -> None:
     if config.landlock:
         from sandcell.isolation import landlock
 
-        landlock.restrict_self([config.workspace, "/tmp"], deny_tcp=config.deny_tcp)  # noqa: S108
+        landlock.restrict_self([config.workspace, *CELL_SCRATCH], deny_tcp=config.deny_tcp)
 
 
 async def _reap_orphans_forever(app_runner: processes.OrphanSource) -> None:

@@ -1,0 +1,112 @@
+"""The bubblewrap command line of a cell: namespaces, a read-only system, private writables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+CELL_UID = 1000
+CELL_HOSTNAME = "sandcell"
+CELL_WORKSPACE = "/workspace"
+CELL_RUN_DIR = "/run/sandcell"
+CELL_SOCKET = f"{CELL_RUN_DIR}/daemon.sock"
+FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+SYSTEM_DIRS = ("/usr",)
+# Merged-/usr systems have these as symlinks into /usr; bwrap recreates them.
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The few files of /etc that programs need; nothing with keys, hosts' users or credentials.
+ETC_ENTRIES = (
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "nsswitch.conf",
+    "os-release",
+    "debian_version",
+    "mime.types",
+    "protocols",
+    "services",
+    "ssl/openssl.cnf",
+    "ssl/certs",
+    "ca-certificates",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "python3.13",
+    "bash.bashrc",
+    "profile",
+    "inputrc",
+    "magic",
+    "gai.conf",
+    "host.conf",
+    "timezone",
+)
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    dest: str
+    writable: bool = False
+
+
+def _etc_binds(existing: Iterable[str]) -> list[str]:
+    args: list[str] = []
+    for entry in existing:
+        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    return args
+
+
+def build_argv(
+    *,
+    binds: Iterable[Bind],
+    links: dict[str, str],
+    etc_files: dict[str, str],
+    env: dict[str, str],
+    seccomp_fd: int | None,
+    tmp_size_bytes: int,
+    command: list[str],
+    chdir: str,
+) -> list[str]:
+    """`links` maps /bin-style paths to their targets; `etc_files` maps generated files
+    (passwd, group, hosts) to their host paths; `env` is the daemon's complete environment."""
+    argv = [
+        "bwrap",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--unshare-net",
+        "--disable-userns",
+        "--assert-userns-disabled",
+        "--uid",
+        str(CELL_UID),
+        "--gid",
+        str(CELL_UID),
+        "--hostname",
+        CELL_HOSTNAME,
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+    ]
+    for name, value in env.items():
+        argv += ["--setenv", name, value]
+    for path in SYSTEM_DIRS:
+        argv += ["--ro-bind", path, path]
+    for path, target in links.items():
+        argv += ["--symlink", target, path]
+    argv += _etc_binds(ETC_ENTRIES)
+    for dest, source in etc_files.items():
+        argv += ["--ro-bind", source, dest]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]  # noqa: S108
+    argv += ["--size", str(tmp_size_bytes), "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
+    for bind in binds:
+        argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--remount-ro", "/", "--chdir", chdir, "--", *command]
+    return argv
