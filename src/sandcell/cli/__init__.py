@@ -25,5 +25,15 @@ def daemon(ctx: typer.Context) -> None:
     raise typer.Exit(daemon_main(ctx.args))
 
 
+@app.command()
+def doctor() -> None:
+    """Print, layer by layer, what this host can enforce; exit 1 if a default cell cannot run."""
+    from rich.console import Console
+
+    from sandcell.cli.doctor import run
+
+    raise typer.Exit(run(Console()))
+
+
 def main() -> None:
     app()
