@@ -1,0 +1,82 @@
+"""Where cells come from. The manager sees only this interface, so Kubernetes slots in."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from sandcell.daemon.client import DAEMON_BASE_URL
+from sandcell.isolation.cell import LocalCells, new_cell_id
+from sandcell.isolation.policy import CellPolicy
+
+
+@dataclass(frozen=True)
+class CellHandle:
+    """`endpoint` reaches the daemon; `cell` is the backend's own handle (JSON-safe)."""
+
+    endpoint: dict[str, Any]
+    cell: dict[str, Any]
+
+
+class Backend(Protocol):
+    name: str
+
+    async def create(
+        self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes
+    ) -> CellHandle: ...
+
+    async def destroy(self, cell: dict[str, Any]) -> None: ...
+
+    async def list(self) -> list[CellHandle]: ...
+
+    async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
+
+
+def async_transport(endpoint: dict[str, Any]) -> tuple[httpx.AsyncHTTPTransport, str]:
+    if "uds" in endpoint:
+        return httpx.AsyncHTTPTransport(uds=str(endpoint["uds"])), DAEMON_BASE_URL
+    return httpx.AsyncHTTPTransport(), f"http://{endpoint['host']}:{endpoint['port']}"
+
+
+async def probe_health(endpoint: dict[str, Any], timeout_s: float = 2.0) -> bool:
+    transport, base = async_transport(endpoint)
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url=base, timeout=timeout_s
+        ) as client:
+            return (await client.get("/health")).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class LocalBackend:
+    """Cells on this machine (bubblewrap); blocking work runs in threads."""
+
+    name = "local"
+
+    def __init__(self, cells_dir: Path, cgroup_parent: str = "sandcell") -> None:
+        self.cells = LocalCells(cells_dir, cgroup_parent=cgroup_parent)
+
+    async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+        cell_id = new_cell_id()
+        info = await asyncio.to_thread(
+            self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem
+        )
+        return CellHandle({"uds": info.uds}, {"cell_id": info.cell_id})
+
+    async def destroy(self, cell: dict[str, Any]) -> None:
+        await asyncio.to_thread(self.cells.destroy, str(cell["cell_id"]))
+
+    async def list(self) -> list[CellHandle]:
+        infos = await asyncio.to_thread(self.cells.list)
+        leftovers = await asyncio.to_thread(self.cells.leftovers)
+        for cell_id in leftovers:  # half-created before a crash: nothing to adopt
+            await asyncio.to_thread(self.cells.destroy, cell_id)
+        return [CellHandle({"uds": i.uds}, {"cell_id": i.cell_id}) for i in infos]
+
+    async def healthy(self, endpoint: dict[str, Any]) -> bool:
+        return await probe_health(endpoint)

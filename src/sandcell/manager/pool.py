@@ -1,0 +1,80 @@
+"""Warm pools: cells created and initialised ahead, per template, refilled in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from sandcell import tokens
+from sandcell.manager.backend import Backend, CellHandle
+
+log = logging.getLogger("sandcell.manager.pool")
+
+
+@dataclass
+class WarmCell:
+    """A ready cell: started, initialised with its own session key, not yet anyone's."""
+
+    sandbox_id: str
+    handle: CellHandle
+    session_key: tokens.PrivateKey
+
+
+class WarmPool:
+    def __init__(
+        self, template: str, size: int, make: Callable[[], Awaitable[WarmCell]], backend: Backend
+    ) -> None:
+        self.template = template
+        self.size = size
+        self._make = make
+        self._backend = backend
+        self._ready: list[WarmCell] = []
+        self._filling = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.failures = 0
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    async def claim(self) -> WarmCell | None:
+        """A healthy ready cell, or None; dead ones are dropped, never handed out."""
+        while self._ready:
+            cell = self._ready.pop(0)
+            self.refill()
+            if await self._backend.healthy(cell.handle.endpoint):
+                return cell
+            await self._backend.destroy(cell.handle.cell)
+        self.refill()
+        return None
+
+    def refill(self) -> None:
+        missing = self.size - len(self._ready) - self._filling
+        for _ in range(max(missing, 0)):
+            self._filling += 1
+            task = asyncio.ensure_future(self._fill_one())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _fill_one(self) -> None:
+        try:
+            self._ready.append(await self._make())
+        except Exception:  # a failed fill is counted and retried by the next refill
+            self.failures += 1
+            log.exception("warm pool %s: could not prepare a cell", self.template)
+        finally:
+            self._filling -= 1
+
+    async def wait_full(self, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            while len(self._ready) < self.size:
+                await asyncio.sleep(0.02)
+
+    async def drain(self) -> None:
+        """Destroys every pooled cell; fills under way finish first (a cancelled start
+        would leave a cell that no one owns)."""
+        self.size = 0
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._ready:
+            await self._backend.destroy(self._ready.pop().handle.cell)

@@ -1,0 +1,90 @@
+"""Templates from the server's TOML config (SPEC §4), validated with clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sandcell.daemon.environment import DEFAULT_INHERIT
+from sandcell.isolation.policy import LAYERS, CellPolicy
+
+DEFAULT_TEMPLATE = "default"
+
+
+class ConfigError(Exception):
+    """The configuration file is unreadable or invalid; the message says where."""
+
+
+class Template(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = DEFAULT_TEMPLATE
+    memory_mb: int = Field(512, ge=16, le=1_048_576)
+    cpus: float = Field(1.0, gt=0, le=1024)
+    pids_max: int = Field(256, ge=8, le=4_194_304)
+    disk_mb: int = Field(1024, ge=16, le=16_777_216)
+    network: str = Field("none", pattern="^(none|loopback)$")
+    idle_timeout_s: int = Field(300, ge=1, le=604_800)
+    max_lifetime_s: int = Field(3600, ge=1, le=2_592_000)
+    warm_pool: int = Field(0, ge=0, le=1000)
+    inherit_env: tuple[str, ...] = DEFAULT_INHERIT
+    allow_degraded: tuple[str, ...] = ()
+
+    @field_validator("allow_degraded")
+    @classmethod
+    def _known_layers(cls, layers: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(layers) - set(LAYERS))
+        if unknown:
+            raise ValueError(f"unknown layers {unknown}; known: {list(LAYERS)}")
+        return layers
+
+    def policy(self) -> CellPolicy:
+        return CellPolicy(
+            memory_mb=self.memory_mb,
+            cpus=self.cpus,
+            pids_max=self.pids_max,
+            disk_mb=self.disk_mb,
+            network=self.network,
+            inherit_env=self.inherit_env,
+            allow_degraded=frozenset(self.allow_degraded),
+        )
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def parse_templates(raw: dict[str, Any]) -> dict[str, Template]:
+    tables = raw.get("templates", {})
+    if not isinstance(tables, dict):
+        raise ConfigError("[templates] must be a table of tables")
+    templates: dict[str, Template] = {}
+    for name, values in tables.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"[templates.{name}] must be a table")
+        try:
+            templates[name] = Template(name=name, **values)
+        except (ValidationError, TypeError) as exc:
+            raise ConfigError(f"[templates.{name}]: {_describe(exc)}") from None
+    templates.setdefault(DEFAULT_TEMPLATE, Template())
+    return templates
+
+
+def load_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return str(exc)
