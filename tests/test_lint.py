@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_ruff_clean():
     ruff = Path(sys.executable).with_name("ruff")
     for args in (["check"], ["format", "--check"]):
-        r = subprocess.run([str(ruff), *args, "src", "tests", "examples"], cwd=ROOT,
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [str(ruff), *args, "src", "tests", "examples"], cwd=ROOT, capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stdout + r.stderr
