@@ -11,6 +11,9 @@ def test_ruff_clean():
     ruff = Path(sys.executable).with_name("ruff")
     for args in (["check"], ["format", "--check"]):
         r = subprocess.run(
-            [str(ruff), *args, "src", "tests", "examples"], cwd=ROOT, capture_output=True, text=True
+            [str(ruff), *args, "src", "tests", "examples", "bench"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         )
         assert r.returncode == 0, r.stdout + r.stderr
