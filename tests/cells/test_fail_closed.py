@@ -123,13 +123,6 @@ def test_disk_quota_unavailable_to_an_unprivileged_caller(unprivileged: tuple[Pa
 
 
 @requires_cells
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: when the cgroup hierarchy is there but not writable (an unprivileged "
-    "caller, a read-only or undelegated cgroupfs), CgroupV1Driver.create lets PermissionError "
-    "escape instead of raising CgroupUnavailable, so creation fails with a bare "
-    "PermissionError (a 500) instead of IsolationUnavailable('cgroups') (503 naming the layer)",
-)
 def test_cgroups_unavailable_to_an_unprivileged_caller_names_the_layer(
     unprivileged: tuple[Path, str],
 ) -> None:

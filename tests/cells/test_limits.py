@@ -224,13 +224,6 @@ def test_filling_scratch_space_is_bounded_by_the_cell_memory(
     assert cell.cgroup.memory_peak_bytes() <= cell.policy.memory_mb * MiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: /tmp is a tmpfs of disk_mb (default 1024) and /dev/shm a tmpfs with "
-    "no size at all, both charged to the cell's memory (default 512): filling them past "
-    "memory_mb makes the OOM killer take the daemon, and the cell dies instead of getting "
-    "ENOSPC",
-)
 @pytest.mark.parametrize("scratch", ["/tmp", "/dev/shm"])
 def test_filling_scratch_space_gets_enospc_and_the_daemon_survives(
     make_cell: Callable[..., Cell], scratch: str

@@ -149,3 +149,7 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_commands_are_the_oom_killers_first_choice(client: DaemonClient):
+    assert client.exec("cat /proc/self/oom_score_adj")["stdout"] == "500\n"

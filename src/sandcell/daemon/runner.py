@@ -15,6 +15,7 @@ from typing import Any
 from sandcell.daemon import processes
 
 DRAIN_GRACE_S = 0.1
+COMMAND_OOM_SCORE_ADJ = 500
 STREAMS = {1: "stdout", 2: "stderr"}
 
 OutputSink = Callable[[str, str], None]
@@ -143,6 +144,7 @@ class Runner:
         except OSError as exc:
             return _spawn_failure(spec, exc, time.monotonic() - started, sink)
         self._running.add(proc.pid)
+        _prefer_for_oom_kill(proc.pid)
         collector = _Collector(spec, sink)
         transports: list[asyncio.BaseTransport] = []
         try:
@@ -177,6 +179,13 @@ class Runner:
         if proc.returncode is None:
             processes.kill_command_tree(proc.pid, self.running_pids - {proc.pid})
             proc.wait()
+
+
+def _prefer_for_oom_kill(pid: int) -> None:
+    """Under memory pressure the cell's OOM killer takes commands before the daemon (raising
+    the score needs no privilege; descendants inherit it)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write(str(COMMAND_OOM_SCORE_ADJ))
 
 
 async def _attach(

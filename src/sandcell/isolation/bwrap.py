@@ -66,12 +66,13 @@ def build_argv(
     etc_files: dict[str, str],
     env: dict[str, str],
     seccomp_fd: int | None,
-    tmp_size_bytes: int,
+    scratch: tuple[int, int],
     command: list[str],
     chdir: str,
 ) -> list[str]:
     """`links` maps /bin-style paths to their targets; `etc_files` maps generated files
-    (passwd, group, hosts) to their host paths; `env` is the daemon's complete environment."""
+    (passwd, group, hosts) to their host paths; `env` is the daemon's complete environment;
+    `scratch` is the size in bytes of /tmp and /dev/shm."""
     argv = [
         "bwrap",
         "--unshare-user",
@@ -102,8 +103,10 @@ def build_argv(
     argv += _etc_binds(ETC_ENTRIES)
     for dest, source in etc_files.items():
         argv += ["--ro-bind", source, dest]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]  # noqa: S108
-    argv += ["--size", str(tmp_size_bytes), "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
+    tmp_bytes, shm_bytes = scratch
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
+    argv += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
     for bind in binds:
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
     if seccomp_fd is not None:

@@ -38,7 +38,7 @@ from sandcell.isolation.bwrap import (
     Bind,
     build_argv,
 )
-from sandcell.isolation.policy import CellPolicy, IsolationUnavailable
+from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
 STAGE = "/run/sandcell-stage"
@@ -193,7 +193,8 @@ class LocalCells:
         try:
             return self.cgroups.create(_cgroup_name(cell_id), limits)
         except cgroups.CgroupUnavailable as exc:
-            raise IsolationUnavailable("cgroups", str(exc)) from exc
+            policy.require("cgroups", False, str(exc))
+            return None
 
     def _spawn(
         self,
@@ -241,7 +242,7 @@ class LocalCells:
             etc_files=etc,
             env=env,
             seccomp_fd=seccomp_fd,
-            tmp_size_bytes=policy.disk_mb * 1024 * 1024,
+            scratch=scratch_sizes(policy),
             command=daemon,
             chdir=CELL_SRC,
         )
@@ -339,6 +340,13 @@ class LocalCells:
             return CellInfo(**json.loads((cell_dir / "meta.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+
+def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
+    """Bytes of /tmp and /dev/shm. Both are tmpfs, charged to the cell's memory: kept well
+    below memory_mb so that filling them is an ENOSPC for the writer, not an OOM kill."""
+    mib = 1024 * 1024
+    return min(policy.disk_mb, policy.memory_mb // 2) * mib, policy.memory_mb // 8 * mib
 
 
 def _cgroup_name(cell_id: str) -> str:

@@ -211,18 +211,26 @@ class CgroupDriver(abc.ABC):
                 os.rmdir(parent)
 
     def _mkdirs(self, dirs: list[str], configure: Callable[[], None]) -> None:
-        """Create the cell's directories and run ``configure``, undoing all on failure."""
+        """Create the cell's directories and run ``configure``, undoing all on failure.
+
+        A hierarchy we may not write to (no root, an undelegated or read-only cgroupfs) is
+        the cgroups layer being unavailable, never a bare OSError.
+        """
         if any(os.path.exists(d) for d in dirs):
             raise FileExistsError(f"cgroup cell already exists: {dirs}")
         created: list[str] = []
         try:
+            for parent in self.parent_dirs:
+                os.makedirs(parent, exist_ok=True)
             for d in dirs:
                 os.mkdir(d)
                 created.append(d)
             configure()
-        except BaseException:
+        except BaseException as exc:
             for d in reversed(created):
                 os.rmdir(d)
+            if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+                raise CgroupUnavailable(REQUIRED_CONTROLLERS, f"cannot set up: {exc}") from exc
             raise
 
 
@@ -284,8 +292,6 @@ class CgroupV1Driver(CgroupDriver):
 
     def create(self, name: str, limits: Limits) -> CellCgroup:
         dirs = self._dirs(name)
-        for parent in self.parent_dirs:
-            os.makedirs(parent, exist_ok=True)
 
         def configure() -> None:
             memory = dirs["memory"]
