@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sandcell.isolation.cell import LocalCells
 from sandcell.manager.backend import LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.manager.templates import Template
@@ -27,17 +28,16 @@ def cgroup_parent() -> str:
 @pytest.fixture
 def make_manager(
     store: Store, tmp_path: Path, cgroup_parent: str
-) -> Callable[..., AsyncIterator[Manager]]:
-    managers: list[Manager] = []
+) -> Iterator[Callable[..., Awaitable[Manager]]]:
+    """Managers over one cells dir; whatever a test leaves (even failing) is destroyed."""
 
     async def make(**templates: dict) -> Manager:
         specs = templates or {"default": {}}
         built = {name: Template(name=name, **{**SMALL, **spec}) for name, spec in specs.items()}
         backend = LocalBackend(tmp_path / "cells", cgroup_parent=cgroup_parent)
-        manager = Manager(
-            store, backend, built, await load_bootstrap_key(store), reap_interval_s=3600
-        )
-        managers.append(manager)
-        return manager
+        return Manager(store, backend, built, await load_bootstrap_key(store), reap_interval_s=3600)
 
-    return make
+    yield make
+    cells = LocalCells(tmp_path / "cells", cgroup_parent=cgroup_parent)
+    for cell_id in [i.cell_id for i in cells.list()] + cells.leftovers():
+        cells.destroy(cell_id)
