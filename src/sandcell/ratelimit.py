@@ -13,11 +13,19 @@ class TokenBucket:
         self._tokens = float(burst)
         self._stamp = time.monotonic()
 
-    def try_take(self) -> float:
-        """Takes one token; returns 0 on success, else the seconds until one is available."""
+    def _refill(self) -> None:
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
+
+    def peek(self) -> float:
+        """0 when a token is available, else the seconds until one is (takes nothing)."""
+        self._refill()
+        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / self.rate
+
+    def try_take(self) -> float:
+        """Takes one token; returns 0 on success, else the seconds until one is available."""
+        self._refill()
         if self._tokens >= 1:
             self._tokens -= 1
             return 0.0

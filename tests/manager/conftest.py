@@ -15,7 +15,7 @@ from sandcell.manager.templates import Template
 from sandcell.store import Store
 from support.cells import cleanup_cgroup_parent
 
-SMALL = {"memory_mb": 256, "pids_max": 64, "disk_mb": 64}
+SMALL = {"memory_mb": 256, "pids_max": 64, "disk_mb": 64, "warm_pool": 0}
 
 
 @pytest.fixture

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -9,6 +14,100 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+keys_app = typer.Typer(help="API keys: create (printed once), list, revoke.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="TOML config file", exists=True, dir_okay=False)
+]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        envvar="SANDCELL_DATA_DIR",
+        help="store, key file and workspaces [default: $XDG_DATA_HOME/sandcell]",
+    ),
+]
+
+
+def _settings(config: Path | None, data_dir: Path | None):
+    from sandcell.manager.templates import ConfigError
+    from sandcell.settings import load_settings
+
+    try:
+        return load_settings(config, data_dir)
+    except ConfigError as exc:
+        typer.echo(f"sandcell: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="[default: 127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="[default: 8700]")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Run the router and the manager with local cells (embedded defaults, no file needed)."""
+    from sandcell.serve import serve as run_server
+
+    settings = _settings(config, data_dir)
+    settings.host = host or settings.host
+    settings.port = port or settings.port
+    asyncio.run(run_server(settings))
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str,
+    admin: Annotated[bool, typer.Option("--admin", help="sees and manages all sandboxes")] = False,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Create an API key and print it, alone, once: only its hash is stored."""
+    from sandcell.serve import opened_store
+    from sandcell.store import ApiKeyExistsError, ApiKeyRecord, hash_api_key, new_api_key
+
+    key = new_api_key()
+
+    async def create() -> None:
+        async with opened_store(_settings(config, data_dir)) as store:
+            await store.put_api_key(ApiKeyRecord(name, name, hash_api_key(key), admin, time.time()))
+
+    try:
+        asyncio.run(create())
+    except ApiKeyExistsError:
+        typer.echo(f"sandcell: a key named {name!r} exists (names are never reused)", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """List API keys (names and flags; the keys themselves are not stored)."""
+    from sandcell.serve import opened_store
+
+    async def listing():
+        async with opened_store(_settings(config, data_dir)) as store:
+            return await store.list_api_keys()
+
+    for rec in asyncio.run(listing()):
+        flags = ",".join(f for f, on in (("admin", rec.admin), ("revoked", rec.revoked)) if on)
+        typer.echo(f"{rec.name}\t{flags or '-'}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Revoke an API key: it is refused from the next request on."""
+    from sandcell.serve import opened_store
+
+    async def revoke() -> bool:
+        async with opened_store(_settings(config, data_dir)) as store:
+            return await store.revoke_api_key(name)
+
+    if not asyncio.run(revoke()):
+        typer.echo(f"sandcell: no key named {name!r}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command(

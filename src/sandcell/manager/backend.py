@@ -35,6 +35,10 @@ class Backend(Protocol):
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
 
+    def owns(self, cell: dict[str, Any]) -> bool:
+        """Whether this backend instance made the cell (replicas reconcile only their own)."""
+        ...
+
 
 def async_transport(endpoint: dict[str, Any]) -> tuple[httpx.AsyncHTTPTransport, str]:
     if "uds" in endpoint:
@@ -60,23 +64,43 @@ class LocalBackend:
 
     def __init__(self, cells_dir: Path, cgroup_parent: str = "sandcell") -> None:
         self.cells = LocalCells(cells_dir, cgroup_parent=cgroup_parent)
+        self.cgroup_parent = cgroup_parent
+        self._neighbours: dict[str, LocalCells] = {}
+
+    def _handle(self, cell_id: str, uds: str) -> CellHandle:
+        cell = {"cell_id": cell_id, "cells_dir": str(self.cells.cells_dir)}
+        return CellHandle({"uds": uds}, cell)
+
+    def owns(self, cell: dict[str, Any]) -> bool:
+        return cell.get("cells_dir") == str(self.cells.cells_dir)
+
+    def _cells_of(self, cell: dict[str, Any]) -> LocalCells:
+        """A replica on this host may delete another's cell: it lives in that one's dir."""
+        if self.owns(cell):
+            return self.cells
+        cells_dir = str(cell["cells_dir"])
+        if cells_dir not in self._neighbours:
+            self._neighbours[cells_dir] = LocalCells(
+                Path(cells_dir), cgroup_parent=self.cgroup_parent
+            )
+        return self._neighbours[cells_dir]
 
     async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
         cell_id = new_cell_id()
         info = await asyncio.to_thread(
             self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem
         )
-        return CellHandle({"uds": info.uds}, {"cell_id": info.cell_id})
+        return self._handle(info.cell_id, info.uds)
 
     async def destroy(self, cell: dict[str, Any]) -> None:
-        await asyncio.to_thread(self.cells.destroy, str(cell["cell_id"]))
+        await asyncio.to_thread(self._cells_of(cell).destroy, str(cell["cell_id"]))
 
     async def list(self) -> list[CellHandle]:
         infos = await asyncio.to_thread(self.cells.list)
         leftovers = await asyncio.to_thread(self.cells.leftovers)
         for cell_id in leftovers:  # half-created before a crash: nothing to adopt
             await asyncio.to_thread(self.cells.destroy, cell_id)
-        return [CellHandle({"uds": i.uds}, {"cell_id": i.cell_id}) for i in infos]
+        return [self._handle(i.cell_id, i.uds) for i in infos]
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool:
         return await probe_health(endpoint)

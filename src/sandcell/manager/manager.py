@@ -196,6 +196,8 @@ class Manager:
         cells = {_key(h.cell): h for h in await self.backend.list()}
         adopted, dropped = [], []
         for record in await self.store.list_sandboxes():
+            if not self.backend.owns(record.cell):
+                continue  # another replica's cell: that replica reconciles it
             handle = cells.pop(_key(record.cell), None)
             if handle is not None and await self.backend.healthy(handle.endpoint):
                 adopted.append(record.id)

@@ -29,7 +29,7 @@ class Template(BaseModel):
     network: str = Field("none", pattern="^(none|loopback)$")
     idle_timeout_s: int = Field(300, ge=1, le=604_800)
     max_lifetime_s: int = Field(3600, ge=1, le=2_592_000)
-    warm_pool: int = Field(0, ge=0, le=1000)
+    warm_pool: int = Field(2, ge=0, le=1000)
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: tuple[str, ...] = ()
 

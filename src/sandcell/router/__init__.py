@@ -1,0 +1,1 @@
+"""The router: the one endpoint users call (SPEC §5)."""

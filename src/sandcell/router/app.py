@@ -1,0 +1,242 @@
+"""The user-facing API: sandboxes, templates, the proxy to daemons, health and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sandcell import __version__
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import parse_model, read_body
+from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.http.openapi import Operation, openapi, routes
+from sandcell.manager.manager import Manager
+from sandcell.router import schemas
+from sandcell.router.auth import Authenticator, Principal
+from sandcell.router.metrics import RouterMetrics
+from sandcell.router.middleware import RequestContext
+from sandcell.router.proxy import DaemonProxy
+from sandcell.store import SandboxRecord, Store
+
+MAX_API_BODY = 1_048_576
+
+
+@dataclass
+class Limits:
+    max_inflight: int = 512
+    max_sandboxes_per_key: int = 100
+
+
+class Router:
+    def __init__(self, store: Store, manager: Manager, limits: Limits | None = None) -> None:
+        self.store = store
+        self.manager = manager
+        self.limits = limits or Limits()
+        self.auth = Authenticator(store)
+        self.proxy = DaemonProxy(store)
+        self.metrics = RouterMetrics()
+
+    async def principal(self, request: Request) -> Principal:
+        client = request.client.host if request.client else "unknown"
+        return await self.auth.authenticate(request.headers.get("authorization"), client)
+
+    async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
+        """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
+        principal = await self.principal(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or not principal.owns(record.owner):
+            raise SandcellError(
+                ErrorCode.SANDBOX_NOT_FOUND,
+                f"sandbox {sandbox_id} not found",
+                {"sandbox_id": sandbox_id},
+            )
+        return principal, record
+
+
+def _router(request: Request) -> Router:
+    return request.app.state.router
+
+
+async def create_sandbox(request: Request) -> Response:
+    r = _router(request)
+    principal = await r.principal(request)
+    req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
+    if await r.store.count_sandboxes(principal.name) >= r.limits.max_sandboxes_per_key:
+        raise SandcellError(
+            ErrorCode.RATE_LIMITED,
+            f"this key already has {r.limits.max_sandboxes_per_key} sandboxes",
+            headers={"Retry-After": "5"},
+        )
+    record = await r.manager.create_sandbox(
+        principal.name,
+        req.template,
+        idle_timeout_s=req.idle_timeout_s,
+        max_lifetime_s=req.max_lifetime_s,
+        env=req.env,
+        metadata=req.metadata,
+    )
+    return JSONResponse(schemas.sandbox_view(record), status_code=201)
+
+
+async def list_sandboxes(request: Request) -> Response:
+    r = _router(request)
+    principal = await r.principal(request)
+    records = await r.store.list_sandboxes(None if principal.admin else principal.name)
+    return JSONResponse({"sandboxes": [schemas.sandbox_view(x) for x in records]})
+
+
+async def get_sandbox(request: Request) -> Response:
+    _, record = await _router(request).owned(request)
+    return JSONResponse(schemas.sandbox_view(record))
+
+
+async def keepalive(request: Request) -> Response:
+    r = _router(request)
+    _, record = await r.owned(request)
+    body = await read_body(request, MAX_API_BODY)
+    req = parse_model(schemas.Keepalive, body) if body.strip() else schemas.Keepalive()
+    await r.store.touch(record.id, time.time(), req.idle_timeout_s)
+    refreshed = await r.store.get_sandbox(record.id)
+    if refreshed is None:
+        raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+    return JSONResponse(schemas.sandbox_view(refreshed))
+
+
+async def delete_sandbox(request: Request) -> Response:
+    """204 whether or not the sandbox is (still) there: DELETE is idempotent, and a
+    different answer for another principal's sandbox would reveal that it exists."""
+    r = _router(request)
+    principal = await r.principal(request)
+    record = await r.store.get_sandbox(request.path_params["sandbox_id"])
+    if record is not None and principal.owns(record.owner):
+        r.proxy.forget(record)
+        await r.manager.delete_sandbox(record.id)
+    return Response(status_code=204)
+
+
+async def proxy(request: Request) -> Response:
+    r = _router(request)
+    _, record = await r.owned(request)
+    if record.state != "running":
+        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+    await r.store.touch(record.id, time.time())
+    return await r.proxy.forward(request, record, request.path_params["rest"])
+
+
+async def list_templates(request: Request) -> Response:
+    r = _router(request)
+    await r.principal(request)
+    return JSONResponse({"templates": [t.public() for t in r.manager.templates.values()]})
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "version": __version__})
+
+
+async def readyz(request: Request) -> Response:
+    r = _router(request)
+    try:
+        await r.store.ping()
+    except Exception as exc:
+        raise SandcellError(ErrorCode.OVERLOADED, "the store is unreachable") from exc
+    return JSONResponse({"status": "ready"})
+
+
+async def metrics(request: Request) -> Response:
+    r = _router(request)
+    m = r.metrics
+    m.sandboxes.clear()
+    for record in await r.store.list_sandboxes():
+        m.sandboxes.labels(record.state).inc()
+    for name, pool in r.manager.pools.items():
+        m.pool_ready.labels(name).set(len(pool))
+    m.init_failures.set(r.manager.init_failures)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi_document(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
+_SBX = "/v1/sandboxes/{sandbox_id}"
+_PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+OPERATIONS = (
+    Operation(
+        "POST",
+        "/v1/sandboxes",
+        create_sandbox,
+        "Create a sandbox",
+        body=schemas.CreateSandbox,
+        response=schemas.Sandbox,
+        status=201,
+        errors=(413, 429, 503),
+    ),
+    Operation(
+        "GET", "/v1/sandboxes", list_sandboxes, "List your sandboxes", response=schemas.SandboxList
+    ),
+    Operation(
+        "GET", _SBX, get_sandbox, "Describe a sandbox", response=schemas.Sandbox, errors=(404,)
+    ),
+    Operation(
+        "POST",
+        f"{_SBX}/keepalive",
+        keepalive,
+        "Reset the idle timer",
+        body=schemas.Keepalive,
+        response=schemas.Sandbox,
+        errors=(404,),
+    ),
+    Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204),
+    *(
+        Operation(
+            m,
+            f"{_SBX}/{{rest:path}}",
+            proxy,
+            "Proxied to the sandbox's daemon /v1/...",
+            errors=(403, 404, 409, 413, 502, 503, 504),
+        )
+        for m in _PROXY_METHODS
+    ),
+    Operation(
+        "GET",
+        "/v1/templates",
+        list_templates,
+        "Templates and their limits",
+        response=schemas.TemplateList,
+    ),
+    Operation("GET", "/healthz", healthz, "Liveness", secured=False),
+    Operation(
+        "GET", "/readyz", readyz, "Readiness (the store answers)", secured=False, errors=(503,)
+    ),
+    Operation(
+        "GET", "/metrics", metrics, "Prometheus metrics", response="text/plain", secured=False
+    ),
+    Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
+)
+
+
+def create_app(router: Router) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await router.manager.start()
+        try:
+            yield
+        finally:
+            await router.manager.stop()
+            await router.proxy.close()
+
+    app = Starlette(
+        routes=routes(OPERATIONS), exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan
+    )
+    app.state.router = router
+    app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
+    app.add_middleware(RequestContext, router=router)
+    return app

@@ -1,0 +1,199 @@
+"""Forwarding a user's request to a sandbox's daemon, signed with a fresh request JWT.
+
+Small bodies are buffered and bound to the token (`bsh`); file uploads stream through
+untouched in both directions, so a large file is never held whole in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from sandcell import tokens
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import declared_length, read_body
+from sandcell.manager.backend import async_transport
+from sandcell.store import SandboxRecord, Store
+
+BUFFER_LIMIT = 8 * 1_048_576  # the daemon's own JSON limit
+STREAM_UPLOADS_FROM = 1_048_576
+CONNECT_TIMEOUT_S = 2.0
+DEFAULT_READ_TIMEOUT_S = 120.0
+EXEC_TIMEOUT_MARGIN_S = 30.0
+CLOSE_GRACE_S = 120.0
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+    "content-length",
+}
+
+
+class _Lru(OrderedDict[str, Any]):
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def get_fresh(self, key: str) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return None
+
+    def put(self, key: str, value: Any) -> Any:
+        """Stores `value`; returns the evicted value, if any."""
+        self[key] = value
+        if len(self) > self.capacity:
+            return self.popitem(last=False)[1]
+        return None
+
+
+class DaemonProxy:
+    def __init__(self, store: Store, key_cache_size: int = 4096, max_clients: int = 1024) -> None:
+        self.store = store
+        self._keys = _Lru(key_cache_size)
+        self._clients = _Lru(max_clients)
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    def forget(self, record: SandboxRecord) -> None:
+        """Drops what is cached for a deleted sandbox: its key and its connection pool."""
+        self._keys.pop(record.id, None)
+        client = self._clients.pop(_ident(record.endpoint), None)
+        if client is not None:
+            _close_later(client)
+
+    async def _session_key(self, sandbox_id: str) -> tokens.PrivateKey:
+        key = self._keys.get_fresh(sandbox_id)
+        if key is None:
+            pem = await self.store.get_session_key(sandbox_id)
+            if pem is None:
+                raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {sandbox_id} not found")
+            key = tokens.load_private_key(pem)
+            self._keys.put(sandbox_id, key)
+        return key
+
+    def _client(self, endpoint: dict[str, Any]) -> httpx.AsyncClient:
+        ident = _ident(endpoint)
+        client = self._clients.get_fresh(ident)
+        if client is None:
+            transport, base = async_transport(endpoint)
+            client = httpx.AsyncClient(transport=transport, base_url=base)
+            evicted = self._clients.put(ident, client)
+            if evicted is not None:
+                _close_later(evicted)
+        return client
+
+    async def forward(self, request: Request, record: SandboxRecord, rest: str) -> Response:
+        key = await self._session_key(record.id)
+        target = _daemon_target(request, rest)
+        body, content = await _body(request, rest)
+        token = tokens.mint_request_token(key, record.id, request.method, target, body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["authorization"] = f"Bearer {token}"
+        if (length := declared_length(request)) is not None:
+            headers["content-length"] = str(length)
+        client = self._client(record.endpoint)
+        upstream = client.build_request(
+            request.method,
+            target,
+            headers=headers,
+            content=content,
+            timeout=httpx.Timeout(_read_timeout(rest, body), connect=CONNECT_TIMEOUT_S),
+        )
+        try:
+            response = await client.send(upstream, stream=True)
+        except httpx.TimeoutException as exc:
+            raise SandcellError(
+                ErrorCode.SANDBOX_TIMEOUT,
+                "the sandbox did not answer in time",
+                {"sandbox_id": record.id},
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise SandcellError(
+                ErrorCode.SANDBOX_UNREACHABLE,
+                "the sandbox is unreachable",
+                {"sandbox_id": record.id},
+            ) from exc
+        out_headers = {
+            k: v
+            for k, v in response.headers.items()
+            if k.lower() not in HOP_BY_HOP - {"content-length"}
+        }
+        return StreamingResponse(
+            _relay(response, record.id),
+            status_code=response.status_code,
+            headers=out_headers,
+            background=BackgroundTask(response.aclose),
+        )
+
+
+def _ident(endpoint: dict[str, Any]) -> str:
+    return json.dumps(endpoint, sort_keys=True)
+
+
+def _close_later(client: httpx.AsyncClient) -> None:
+    """Closes a pool no longer handed out, once requests still streaming on it are done."""
+    loop = asyncio.get_running_loop()
+    loop.call_later(CLOSE_GRACE_S, lambda: loop.create_task(client.aclose()))
+
+
+async def _relay(response: httpx.Response, sandbox_id: str) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    except httpx.HTTPError:
+        # Headers are gone already: the client sees a truncated body, not a hang.
+        return
+
+
+def _daemon_target(request: Request, rest: str) -> str:
+    """The daemon's path for `rest`, kept byte-for-byte as the client encoded it."""
+    raw = request.scope.get("raw_path") or request.scope["path"].encode()
+    marker = b"/v1/sandboxes/"
+    tail = raw[raw.index(marker) + len(marker) :].split(b"/", 1)[1] if rest else b""
+    query = request.scope.get("query_string", b"")
+    target = b"/v1/" + tail + (b"?" + query if query else b"")
+    return target.decode("latin-1")
+
+
+async def _body(request: Request, rest: str) -> tuple[bytes | None, Any]:
+    """(the bytes to bind in the token or None, what to send upstream)."""
+    length = declared_length(request)
+    streamed = (
+        request.method == "PUT"
+        and rest == "files"
+        and (length is None or length > STREAM_UPLOADS_FROM)
+    )
+    if streamed:
+        return None, request.stream()
+    body = await read_body(request, BUFFER_LIMIT)
+    return body, body
+
+
+def _read_timeout(rest: str, body: bytes | None) -> float:
+    if rest == "exec" and body:
+        try:
+            timeout = float(json.loads(body).get("timeout_s", 60))
+        except (ValueError, AttributeError, TypeError):
+            timeout = 60.0
+        return max(timeout, 0) + EXEC_TIMEOUT_MARGIN_S
+    return DEFAULT_READ_TIMEOUT_S

@@ -1,0 +1,65 @@
+"""The router's request and response bodies (SPEC §5)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandcell.store import SandboxRecord
+
+MAX_METADATA_ITEMS = 64
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandbox(_Strict):
+    template: str = Field("default", min_length=1, max_length=64)
+    idle_timeout_s: int | None = Field(None, ge=1, le=604_800)
+    max_lifetime_s: int | None = Field(None, ge=1, le=2_592_000)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=MAX_METADATA_ITEMS)
+
+
+class Keepalive(_Strict):
+    idle_timeout_s: int | None = Field(None, ge=1, le=604_800)
+
+
+class Sandbox(BaseModel):
+    id: str
+    template: str
+    state: Literal["creating", "running", "deleting", "failed"]
+    created_at: str
+    expires_at: str
+    idle_timeout_s: int
+    last_activity_at: str
+    metadata: dict[str, str]
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[Sandbox]
+
+
+class TemplateList(BaseModel):
+    templates: list[dict]
+
+
+def rfc3339(ts: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def sandbox_view(record: SandboxRecord) -> dict:
+    return {
+        "id": record.id,
+        "template": record.template,
+        "state": record.state,
+        "created_at": rfc3339(record.created_at),
+        "expires_at": rfc3339(record.expires_at),
+        "idle_timeout_s": record.idle_timeout_s,
+        "last_activity_at": rfc3339(record.last_activity_at),
+        "metadata": record.metadata,
+    }

@@ -1,0 +1,80 @@
+"""`sandcell serve`: router + manager in one process, the SQLite store, local cells."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import uvicorn
+
+from sandcell.manager.backend import LocalBackend
+from sandcell.manager.manager import Manager, load_bootstrap_key
+from sandcell.router.app import Limits, Router, create_app
+from sandcell.settings import Settings
+from sandcell.store import Sealer, Store, load_store_key, open_store
+
+
+@contextlib.asynccontextmanager
+async def opened_store(settings: Settings) -> AsyncIterator[Store]:
+    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = open_store(settings.store_url, Sealer(load_store_key(settings.data_dir)))
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+class JsonFormatter(logging.Formatter):
+    FIELDS = ("request_id", "status", "route", "duration_ms")
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(log_format: str) -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("sandcell")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+async def serve(settings: Settings) -> None:
+    configure_logging(settings.log_format)
+    async with opened_store(settings) as store:
+        backend = LocalBackend(settings.cells_dir)
+        manager = Manager(
+            store,
+            backend,
+            settings.templates,
+            await load_bootstrap_key(store),
+            init_timeout_s=settings.init_timeout_s,
+            reap_interval_s=settings.reap_interval_s,
+        )
+        limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
+        app = create_app(Router(store, manager, limits))
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+            lifespan="on",
+        )
+        await uvicorn.Server(config).serve()
