@@ -9,6 +9,8 @@ command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 dpkg -s libseccomp2 >/dev/null 2>&1 || need_apt+=(libseccomp2)
+command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
