@@ -1,0 +1,59 @@
+"""`python -m bench all [--json out.json] [--quick]`: every figure beside its baseline.
+
+Writes the JSON and a markdown table (bench/results/latest.{json,md}) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from bench import figures
+from bench.markdown import table
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run(quick: bool) -> list[figures.Row]:
+    n, claims, colds, starts, many = (100, 10, 5, 10, 20) if quick else (500, 30, 20, 30, 200)
+    rows: list[figures.Row] = []
+    with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as tmp:
+        warm = figures.Server(Path(tmp), warm_pool=2)
+        try:
+            warm.wait_pool(2)
+            rows += figures.exec_round_trips(warm, n)
+            rows += figures.throughput(warm, seconds=5 if quick else 10)
+            rows += figures.warm_claims(warm, claims)
+            rows += figures.many_sandboxes(warm, many)
+        finally:
+            warm.close()
+        cold = figures.Server(Path(tmp), warm_pool=0)
+        try:
+            rows += figures.cold_creates(cold, colds)
+        finally:
+            cold.close()
+    rows += figures.cell_start_and_memory(starts)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("what", choices=["all"])
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = parser.parse_args()
+    rows = run(args.quick)
+    RESULTS.mkdir(exist_ok=True)
+    text = json.dumps(rows, indent=2)
+    (RESULTS / "latest.json").write_text(text)
+    if args.json:
+        args.json.write_text(text)
+    md = table(rows)
+    (RESULTS / "latest.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Each figure of the benchmark table, measured beside its baseline in the same run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.environment import RunningServer, direct_client, start_server
+from bench.stats import sample_ms, summary
+from sandcell import tokens
+from sandcell.isolation.bwrap import SYSTEM_LINKS
+from sandcell.isolation.cell import LocalCells, new_cell_id
+from sandcell.isolation.policy import CellPolicy
+
+Row = dict[str, Any]
+TEMPLATE = """
+[templates.default]
+warm_pool = {warm_pool}
+"""
+
+
+def _bwrap(*command: str) -> list[str]:
+    links = [a for p in SYSTEM_LINKS if os.path.islink(p) for a in ("--symlink", os.readlink(p), p)]
+    return [
+        "bwrap",
+        "--unshare-all",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        *links,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--",
+        *command,
+    ]
+
+
+def _run(argv: list[str]) -> Callable[[], object]:
+    return lambda: subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
+
+def row(name: str, samples: list[float], baseline: Row | None = None, target: str = "") -> Row:
+    out = summary(name, samples)
+    if baseline is not None:
+        out["baseline"] = baseline["figure"]
+        out["baseline_median_ms"] = baseline["median_ms"]
+    out["target"] = target
+    return out
+
+
+class Server:
+    """A `sandcell serve` with a key, for the figures that go through the router."""
+
+    def __init__(self, root: Path, warm_pool: int) -> None:
+        self.srv: RunningServer = start_server(
+            root / f"data-{warm_pool}", config_text=TEMPLATE.format(warm_pool=warm_pool)
+        )
+        self.key = self.srv.create_key("bench")
+        self.http = self.srv.client(self.key)
+
+    def create(self) -> str:
+        r = self.http.post("/v1/sandboxes", json={})
+        r.raise_for_status()
+        return r.json()["id"]
+
+    def exec_true(self, sandbox_id: str) -> None:
+        r = self.http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"command": ["true"]})
+        r.raise_for_status()
+
+    def delete(self, sandbox_id: str) -> None:
+        self.http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+    def wait_pool(self, size: int, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.http.get("/metrics").text
+            if f'sandcell_pool_ready{{template="default"}} {float(size)}' in text:
+                return
+            time.sleep(0.02)
+        raise TimeoutError("warm pool did not refill")
+
+    def close(self) -> None:
+        self.http.close()
+        self.srv.stop()
+
+
+def exec_round_trips(server: Server, n: int) -> list[Row]:
+    base = row("bare subprocess.run(['true'])", sample_ms(_run(["true"]), n))
+    sandbox_id = server.create()
+    direct = direct_client(server.srv, sandbox_id)
+    on_socket = row(
+        "exec true, direct on the daemon's unix socket",
+        sample_ms(lambda: direct.exec(["true"]), n),
+        base,
+        "overhead <= 2 ms",
+    )
+    routed = row(
+        "exec true through the router (API key, JWT)",
+        sample_ms(lambda: server.exec_true(sandbox_id), n),
+        on_socket,
+        "router overhead <= 2 ms",
+    )
+    direct.close()
+    server.delete(sandbox_id)
+    return [base, on_socket, routed]
+
+
+def throughput(server: Server, clients: int = 16, seconds: float = 10.0) -> list[Row]:
+    ids = [server.create() for _ in range(4)]
+
+    async def worker(
+        client: httpx.AsyncClient, sandbox_id: str, stop: float, latencies: list[float]
+    ) -> None:
+        while time.monotonic() < stop:
+            started = time.perf_counter()
+            r = await client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"command": ["true"]})
+            r.raise_for_status()
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    async def main() -> list[float]:
+        latencies: list[float] = []
+        limits = httpx.Limits(max_connections=clients)
+        async with httpx.AsyncClient(
+            base_url=server.srv.url,
+            limits=limits,
+            timeout=60,
+            headers={"authorization": f"Bearer {server.key}"},
+        ) as c:
+            stop = time.monotonic() + seconds
+            await asyncio.gather(
+                *(worker(c, ids[i % len(ids)], stop, latencies) for i in range(clients))
+            )
+        return latencies
+
+    latencies = asyncio.run(main())
+    for sandbox_id in ids:
+        server.delete(sandbox_id)
+    out = row(
+        f"exec true, {clients} concurrent clients, {seconds:.0f} s",
+        latencies,
+        target=">= 300 exec/s",
+    )
+    out["per_second"] = round(len(latencies) / seconds, 1)
+    return [out]
+
+
+def warm_claims(server: Server, n: int) -> list[Row]:
+    base = row("bare bwrap ... true", sample_ms(_run(_bwrap("/usr/bin/true")), n))
+    samples = []
+    for _ in range(n):
+        server.wait_pool(2)
+        started = time.perf_counter()
+        sandbox_id = server.create()
+        server.exec_true(sandbox_id)
+        samples.append((time.perf_counter() - started) * 1000)
+        server.delete(sandbox_id)
+    return [
+        base,
+        row("warm-pool claim to first exec result", samples, base, "<= 20 ms median, <= 60 ms p99"),
+    ]
+
+
+def cold_creates(server: Server, n: int) -> list[Row]:
+    base = row(
+        "bare bwrap ... python3 -c pass",
+        sample_ms(_run(_bwrap("/usr/bin/python3", "-c", "pass")), n, warmup=3),
+    )
+
+    def create_and_exec() -> None:
+        sandbox_id = server.create()
+        server.exec_true(sandbox_id)
+        server.delete(sandbox_id)
+
+    return [
+        base,
+        row(
+            "cold create (empty pool) to first exec result",
+            sample_ms(create_and_exec, n, warmup=1),
+            base,
+            "<= 300 ms median",
+        ),
+    ]
+
+
+def cell_start_and_memory(n: int) -> list[Row]:
+    """Cell start to the daemon's first 200 on /health, and an idle cell's PSS."""
+    base = row("python3 -c pass", sample_ms(_run(["/usr/bin/python3", "-c", "pass"]), n))
+    pem = tokens.public_pem(tokens.generate_p256())
+    with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as tmp:
+        cells = LocalCells(Path(tmp) / "cells", cgroup_parent="sandcell-bench")
+        samples = []
+        for _ in range(n):
+            cell_id = new_cell_id()
+            started = time.perf_counter()
+            cells.create(cell_id, CellPolicy(), "sbx-bench", pem)
+            samples.append((time.perf_counter() - started) * 1000)
+            cells.destroy(cell_id)
+        cell_id = new_cell_id()
+        info = cells.create(cell_id, CellPolicy(), "sbx-bench", pem)
+        time.sleep(1)
+        pss = _pss_kib(cells, info.cgroup)
+        cells.destroy(cell_id)
+        if cells.cgroups is not None:
+            cells.cgroups.destroy_all()
+    memory = {
+        "figure": "idle cell memory (PSS, daemon + cell)",
+        "n": 1,
+        "median_ms": "",
+        "p99_ms": "",
+        "pss_mb": round(pss / 1024, 1),
+        "target": "<= 25 MB",
+    }
+    return [base, row("cell start to first /health 200", samples, base), memory]
+
+
+def _pss_kib(cells: LocalCells, cgroup: str | None) -> int:
+    assert cells.cgroups is not None and cgroup is not None
+    group = cells.cgroups.open(cgroup)
+    assert group is not None
+    total = 0
+    for pid in group.pids():
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1])
+    return total
+
+
+def many_sandboxes(server: Server, count: int, parallel: int = 8) -> list[Row]:
+    """`count` sandboxes live at once: create all, exec in each, delete all, nothing left."""
+
+    async def main() -> tuple[list[float], int]:
+        gate = asyncio.Semaphore(parallel)
+        async with httpx.AsyncClient(
+            base_url=server.srv.url, timeout=120, headers={"authorization": f"Bearer {server.key}"}
+        ) as c:
+
+            async def one_create() -> tuple[str, float]:
+                async with gate:
+                    started = time.perf_counter()
+                    r = await c.post("/v1/sandboxes", json={})
+                    r.raise_for_status()
+                    return r.json()["id"], (time.perf_counter() - started) * 1000
+
+            created = await asyncio.gather(*(one_create() for _ in range(count)))
+            ids = [i for i, _ in created]
+            outs = await asyncio.gather(
+                *(c.post(f"/v1/sandboxes/{i}/exec", json={"command": f"echo {i}"}) for i in ids)
+            )
+            ok = sum(
+                o.status_code == 200 and o.json()["stdout"].strip() == i
+                for o, i in zip(outs, ids, strict=True)
+            )
+            await asyncio.gather(*(c.delete(f"/v1/sandboxes/{i}") for i in ids))
+            return [t for _, t in created], ok
+
+    create_ms, ok = asyncio.run(main())
+    left = list((server.srv.data_dir / "cells").iterdir())
+    out = row(
+        f"{count} sandboxes live at once (create latency)", create_ms, target="all succeed, no leak"
+    )
+    out.update({"exec_ok": ok, "cells_left_after_delete": len(left) - 2})  # minus the pool
+    return [out]
