@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from sandcell.daemon.client import transport_for
 from sandcell.isolation import cgroups, disk, landlock, seccomp
 from sandcell.isolation.bwrap import (
     CELL_RUN_DIR,
@@ -143,7 +144,7 @@ class LocalCells:
 
     def alive(self, info: CellInfo) -> bool:
         try:
-            with httpx.Client(transport=httpx.HTTPTransport(uds=info.uds), timeout=2) as c:
+            with httpx.Client(transport=transport_for({"uds": info.uds})[0], timeout=2) as c:
                 return c.get("http://cell/health").status_code == 200
         except httpx.HTTPError:
             return False
@@ -316,7 +317,7 @@ class LocalCells:
     def _wait_healthy(self, cell_id: str, uds: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         proc = self._procs.get(cell_id)
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), timeout=2) as client:
+        with httpx.Client(transport=transport_for({"uds": str(uds)})[0], timeout=2) as client:
             while time.monotonic() < deadline:
                 if proc is not None and proc.poll() is not None:
                     raise CellError(f"cell exited during start-up: {self._log_tail(cell_id)}")

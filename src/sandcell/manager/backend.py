@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from sandcell.daemon.client import DAEMON_BASE_URL
+from sandcell.daemon.client import async_transport
 from sandcell.isolation.cell import LocalCells, new_cell_id
 from sandcell.isolation.policy import CellPolicy
 
@@ -38,12 +38,6 @@ class Backend(Protocol):
     def owns(self, cell: dict[str, Any]) -> bool:
         """Whether this backend instance made the cell (replicas reconcile only their own)."""
         ...
-
-
-def async_transport(endpoint: dict[str, Any]) -> tuple[httpx.AsyncHTTPTransport, str]:
-    if "uds" in endpoint:
-        return httpx.AsyncHTTPTransport(uds=str(endpoint["uds"])), DAEMON_BASE_URL
-    return httpx.AsyncHTTPTransport(), f"http://{endpoint['host']}:{endpoint['port']}"
 
 
 async def probe_health(endpoint: dict[str, Any], timeout_s: float = 2.0) -> bool:

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from sandcell import tokens
+from sandcell.daemon.client import async_transport
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import declared_length, read_body
-from sandcell.manager.backend import async_transport
 from sandcell.store import SandboxRecord, Store
 
 BUFFER_LIMIT = 8 * 1_048_576  # the daemon's own JSON limit

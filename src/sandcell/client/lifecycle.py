@@ -1,0 +1,162 @@
+"""The sandbox lifecycle (SPEC §5), written once for `Sandbox` and `AsyncSandbox`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from sandcell.client.binding import classoperation, constructor, operation
+from sandcell.client.config import ClientConfig
+from sandcell.client.errors import SandboxNotFoundError
+from sandcell.client.models import SandboxInfo
+from sandcell.client.protocol import Op, Request, call, call_json
+
+if TYPE_CHECKING:
+    from sandcell.client.commands import CommandsBase
+    from sandcell.client.files import FilesBase
+
+_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def sandbox_path(sandbox_id: str, rest: str = "") -> str:
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.fullmatch(sandbox_id):
+        raise SandboxNotFoundError(
+            f"sandbox {sandbox_id!r} not found (not a valid sandbox id)",
+            details={"sandbox_id": str(sandbox_id)},
+        )
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}" + (f"/{rest}" if rest else "")
+
+
+def _seconds(value: float | None) -> float | int | None:
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -> Any:
+    return ClientConfig.resolve(url, api_key, config).retry
+
+
+class SandboxBase:
+    """State and operations shared by `Sandbox` and `AsyncSandbox`.
+
+    Get one from `create` or `connect`; constructing it directly is for the library.
+    """
+
+    _commands_class: type[CommandsBase]
+    _files_class: type[FilesBase]
+    _transport: Any
+
+    def __init__(self, info: SandboxInfo, transport: Any) -> None:
+        self._info = info
+        self._transport = transport
+        self.commands = self._commands_class(self)
+        self.files = self._files_class(self)
+
+    @classmethod
+    def _adopt(cls, result: Any, transport: Any) -> Any:
+        return cls(result, transport)
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def last_info(self) -> SandboxInfo:
+        """What the server said last (no request); `info()` asks again."""
+        return self._info
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self._info.template} {self._info.state}>"
+
+    @constructor
+    def create(
+        cls,
+        template: str = "default",
+        timeout: float | None = None,
+        lifetime: float | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        url: str | None = None,
+        config: ClientConfig | None = None,
+    ) -> Op[SandboxInfo]:
+        """Create a sandbox from `template`.
+
+        `timeout`: idle timeout in seconds (no request for this long and the sandbox is
+        deleted; the template's default otherwise); `lifetime`: maximum lifetime in seconds;
+        `env`: default environment of every command; `metadata`: your labels. `api_key` and
+        `url` default to SANDCELL_API_KEY and SANDCELL_URL (http://127.0.0.1:8700).
+        """
+        body: dict[str, Any] = {"template": template}
+        for name, value in (("idle_timeout_s", timeout), ("max_lifetime_s", lifetime)):
+            if value is not None:
+                body[name] = _seconds(value)
+        if env:
+            body["env"] = dict(env)
+        if metadata:
+            body["metadata"] = dict(metadata)
+        # Not idempotent: a request that may have reached the server is never repeated.
+        request = Request("POST", "/v1/sandboxes", json=body, idempotent=False)
+        data = yield from call_json(request, _policy(url, api_key, config))
+        return SandboxInfo.from_dict(data)
+
+    @constructor
+    def connect(
+        cls,
+        sandbox_id: str,
+        api_key: str | None = None,
+        url: str | None = None,
+        config: ClientConfig | None = None,
+    ) -> Op[SandboxInfo]:
+        """Attach to an existing sandbox (SandboxNotFoundError if it is gone or not yours)."""
+        request = Request("GET", sandbox_path(sandbox_id))
+        data = yield from call_json(request, _policy(url, api_key, config))
+        return SandboxInfo.from_dict(data)
+
+    @classoperation
+    def list(
+        cls,
+        api_key: str | None = None,
+        url: str | None = None,
+        config: ClientConfig | None = None,
+    ) -> Op[list[SandboxInfo]]:
+        """Your sandboxes (all of them for an admin key)."""
+        data = yield from call_json(Request("GET", "/v1/sandboxes"), _policy(url, api_key, config))
+        return [SandboxInfo.from_dict(x) for x in _items(data, "sandboxes")]
+
+    @operation
+    def info(self) -> Op[SandboxInfo]:
+        """The sandbox as the server sees it now."""
+        data = yield from call_json(Request("GET", sandbox_path(self.id)), self._policy)
+        self._info = SandboxInfo.from_dict(data)
+        return self._info
+
+    @operation
+    def keepalive(self, idle_timeout_s: float | None = None) -> Op[SandboxInfo]:
+        """Reset the idle timer (optionally to a new idle timeout, in seconds)."""
+        body = {} if idle_timeout_s is None else {"idle_timeout_s": _seconds(idle_timeout_s)}
+        request = Request("POST", sandbox_path(self.id, "keepalive"), json=body)
+        data = yield from call_json(request, self._policy)
+        self._info = SandboxInfo.from_dict(data)
+        return self._info
+
+    @operation
+    def kill(self) -> Op[None]:
+        """Delete the sandbox and everything in it. Idempotent: killing twice is fine."""
+        yield from call(Request("DELETE", sandbox_path(self.id)), self._policy)
+
+    @property
+    def _policy(self) -> Any:
+        return self._transport.config.retry
+
+
+def _items(data: Any, key: str) -> list[Any]:
+    from sandcell.client.errors import InvalidResponseError
+
+    items = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise InvalidResponseError(f"unexpected reply, wanted a list in {key!r}")
+    return items

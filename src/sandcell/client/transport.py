@@ -1,0 +1,258 @@
+"""The I/O layer: two small interpreters of the effects that operations yield.
+
+`SyncTransport` performs them with `httpx.Client`, `AsyncTransport` with `httpx.AsyncClient`
+(and anyio for sleeping and for local file I/O off the event loop). Everything else, from
+request building to retries, is shared in `protocol` and the operation generators.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from sandcell.client.config import ClientConfig
+from sandcell.client.errors import ConnectionFailedError
+from sandcell.client.protocol import (
+    Blocking,
+    Close,
+    Effect,
+    FileUpload,
+    Invoke,
+    Op,
+    Read,
+    Reply,
+    Request,
+    Send,
+    Sleep,
+)
+
+T = TypeVar("T")
+
+
+def connection_error(exc: httpx.HTTPError, config: ClientConfig) -> ConnectionFailedError:
+    """A transport failure, and whether the request may have reached the server."""
+    not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+    timed_out = isinstance(exc, httpx.TimeoutException)
+    detail = str(exc) or type(exc).__name__
+    if not_sent:
+        message = f"cannot connect to {config.url}: {detail}"
+    elif timed_out:
+        message = f"{config.url} did not answer in time"
+    else:
+        message = f"the connection to {config.url} broke: {detail}"
+    return ConnectionFailedError(message, request_sent=not not_sent, timed_out=timed_out)
+
+
+def _client_options(config: ClientConfig) -> dict[str, Any]:
+    return {
+        "base_url": config.url,
+        "headers": config.headers(),
+        "timeout": httpx.Timeout(config.timeout, connect=config.connect_timeout),
+        "follow_redirects": False,
+    }
+
+
+def _build(client: httpx.Client | httpx.AsyncClient, req: Request, content: Any) -> httpx.Request:
+    timeout = (
+        httpx.Timeout(req.timeout, connect=client.timeout.connect)
+        if req.timeout is not None
+        else httpx.USE_CLIENT_DEFAULT
+    )
+    return client.build_request(
+        req.method,
+        req.path,
+        params=req.params,
+        json=req.json,
+        content=content,
+        headers=req.headers,
+        timeout=timeout,
+    )
+
+
+class _Stream:
+    """A streamed reply: the response and its body iterator."""
+
+    def __init__(self, response: httpx.Response, chunks: Any) -> None:
+        self.response = response
+        self.chunks = chunks
+
+
+class OpRun(Generic[T]):
+    """Drives one operation: feeds results (or exceptions) in, takes the next effect out."""
+
+    def __init__(self, op: Op[T]) -> None:
+        self.op = op
+        self.done = False
+        self.result: T | None = None
+        self.resources: list[Any] = []  # responses and upload readers to close at the end
+
+    def advance(self, value: Any = None, error: BaseException | None = None) -> Effect | None:
+        try:
+            effect = self.op.throw(error) if error is not None else self.op.send(value)
+        except StopIteration as stop:
+            self.done, self.result = True, stop.value
+            return None
+        return effect
+
+
+class SyncTransport:
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._client = httpx.Client(**_client_options(config))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def run(self, op: Op[T]) -> T:
+        run = OpRun(op)
+        try:
+            effect = run.advance()
+            while not run.done:
+                try:
+                    value = self._perform(effect, run)
+                except BaseException as exc:  # into the operation: its cleanup runs
+                    effect = run.advance(error=exc)
+                else:
+                    effect = run.advance(value)
+            return run.result  # type: ignore[return-value]
+        finally:
+            op.close()
+            for resource in run.resources:
+                resource.close()
+
+    def _perform(self, effect: Effect | None, run: OpRun[Any]) -> Any:
+        if isinstance(effect, Send):
+            return self._send(effect.request, run)
+        if isinstance(effect, Read):
+            try:
+                return next(effect.stream.chunks, b"")
+            except httpx.HTTPError as exc:
+                raise connection_error(exc, self.config) from exc
+        if isinstance(effect, Close):
+            return effect.stream.response.close()
+        if isinstance(effect, Sleep):
+            return time.sleep(effect.seconds)
+        if isinstance(effect, Invoke | Blocking):
+            return effect.fn(*effect.args)
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def _send(self, req: Request, run: OpRun[Any]) -> Reply:
+        content = req.content
+        if isinstance(content, FileUpload):
+            content = self._upload_body(content, run)
+        try:
+            response = self._client.send(_build(self._client, req, content), stream=True)
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.config) from exc
+        run.resources.append(response)
+        if req.stream:
+            return Reply(response.status_code, response.headers, b"", _Stream(response, iter(
+                response.iter_bytes())))
+        try:
+            body = response.read()
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.config) from exc
+        finally:
+            response.close()
+        return Reply(response.status_code, response.headers, body)
+
+    @staticmethod
+    def _upload_body(upload: FileUpload, run: OpRun[Any]) -> Iterator[bytes]:
+        reader = upload.open()
+        run.resources.append(reader)
+        while chunk := reader.read():
+            yield chunk
+            reader.advance(len(chunk))
+
+
+class AsyncTransport:
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._client = httpx.AsyncClient(**_client_options(config))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def run(self, op: Op[T]) -> T:
+        run = OpRun(op)
+        try:
+            effect = run.advance()
+            while not run.done:
+                try:
+                    value = await self._perform(effect, run)
+                except BaseException as exc:  # into the operation: its cleanup runs
+                    effect = run.advance(error=exc)
+                else:
+                    effect = run.advance(value)
+            return run.result  # type: ignore[return-value]
+        finally:
+            op.close()
+            with anyio.CancelScope(shield=True):
+                for resource in run.resources:
+                    await _aclose(resource)
+
+    async def _perform(self, effect: Effect | None, run: OpRun[Any]) -> Any:
+        if isinstance(effect, Send):
+            return await self._send(effect.request, run)
+        if isinstance(effect, Read):
+            try:
+                return await anext(effect.stream.chunks, b"")
+            except httpx.HTTPError as exc:
+                raise connection_error(exc, self.config) from exc
+        if isinstance(effect, Close):
+            return await effect.stream.response.aclose()
+        if isinstance(effect, Sleep):
+            return await anyio.sleep(effect.seconds)
+        if isinstance(effect, Invoke):
+            return await _maybe_await(effect.fn(*effect.args))
+        if isinstance(effect, Blocking):
+            return await anyio.to_thread.run_sync(functools.partial(effect.fn, *effect.args))
+        raise TypeError(f"unknown effect {effect!r}")
+
+    async def _send(self, req: Request, run: OpRun[Any]) -> Reply:
+        content = req.content
+        if isinstance(content, FileUpload):
+            content = self._upload_body(content, run)
+            run.resources.append(content)
+        try:
+            response = await self._client.send(_build(self._client, req, content), stream=True)
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.config) from exc
+        run.resources.append(response)
+        if req.stream:
+            return Reply(response.status_code, response.headers, b"", _Stream(
+                response, response.aiter_bytes()))
+        try:
+            body = await response.aread()
+        except httpx.HTTPError as exc:
+            raise connection_error(exc, self.config) from exc
+        finally:
+            await response.aclose()
+        return Reply(response.status_code, response.headers, body)
+
+    @staticmethod
+    async def _upload_body(upload: FileUpload, run: OpRun[Any]) -> AsyncIterator[bytes]:
+        reader = await anyio.to_thread.run_sync(upload.open)
+        run.resources.append(reader)
+        while chunk := await anyio.to_thread.run_sync(reader.read):
+            yield chunk
+            await _maybe_await(reader.advance(len(chunk)))
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _aclose(resource: Any) -> None:
+    for name in ("aclose", "close"):
+        closer = getattr(resource, name, None)
+        if closer is not None:
+            await _maybe_await(closer())
+            return
