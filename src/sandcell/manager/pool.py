@@ -11,6 +11,7 @@ from sandcell import tokens
 from sandcell.manager.backend import Backend, CellHandle
 
 log = logging.getLogger("sandcell.manager.pool")
+REFILL_DELAY_S = 0.25
 
 
 @dataclass
@@ -40,14 +41,17 @@ class WarmPool:
 
     async def claim(self) -> WarmCell | None:
         """A healthy ready cell, or None; dead ones are dropped, never handed out."""
-        while self._ready:
-            cell = self._ready.pop(0)
-            self.refill()
-            if await self._backend.healthy(cell.handle.endpoint):
-                return cell
-            await self._backend.destroy(cell.handle.cell)
-        self.refill()
-        return None
+        try:
+            while self._ready:
+                cell = self._ready.pop(0)
+                if await self._backend.healthy(cell.handle.endpoint):
+                    return cell
+                await self._backend.destroy(cell.handle.cell)
+            return None
+        finally:
+            # Starting a cell takes a core and the GIL for ~0.5 s: let the claimer's first
+            # requests go first.
+            asyncio.get_running_loop().call_later(REFILL_DELAY_S, self.refill)
 
     def refill(self) -> None:
         missing = self.size - len(self._ready) - self._filling
