@@ -242,5 +242,8 @@ def test_sigkill_and_restart_loses_nothing_and_leaks_nothing(tmp_path):
             )
         assert dead_cell not in _cells(data)
         assert len(_cells(data)) == 2  # the live sandbox and the new pool cell: no orphan
+        with second.client(key) as c:
+            assert c.delete(f"/v1/sandboxes/{live['id']}").status_code == 204
     finally:
         second.stop()
+    assert _cells(data) == set()
