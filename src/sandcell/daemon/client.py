@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import socket
 import ssl
 from typing import Any
 
@@ -31,15 +32,21 @@ def _base_url(endpoint: dict[str, Any]) -> str:
     return f"http://{endpoint['host']}:{endpoint['port']}"
 
 
+def _transport_options(endpoint: dict[str, Any]) -> dict[str, Any]:
+    if "uds" in endpoint:
+        return {"uds": str(endpoint["uds"]), "verify": _tls_context()}
+    # Small request/response pairs: never wait for Nagle's algorithm.
+    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    return {"socket_options": nodelay, "verify": _tls_context()}
+
+
 def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.HTTPTransport, str]:
     """An httpx transport and base URL for a daemon endpoint ({"uds"} or {"host", "port"})."""
-    uds = str(endpoint["uds"]) if "uds" in endpoint else None
-    return httpx.HTTPTransport(uds=uds, verify=_tls_context()), _base_url(endpoint)
+    return httpx.HTTPTransport(**_transport_options(endpoint)), _base_url(endpoint)
 
 
 def async_transport(endpoint: dict[str, Any]) -> tuple[httpx.AsyncHTTPTransport, str]:
-    uds = str(endpoint["uds"]) if "uds" in endpoint else None
-    return httpx.AsyncHTTPTransport(uds=uds, verify=_tls_context()), _base_url(endpoint)
+    return httpx.AsyncHTTPTransport(**_transport_options(endpoint)), _base_url(endpoint)
 
 
 class DaemonClient:
