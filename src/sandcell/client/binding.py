@@ -59,7 +59,7 @@ class _Descriptor(Generic[P, T]):
         return method
 
 
-class operation(_Descriptor[P, T]):  # noqa: N801 - used as a decorator
+class operation(_Descriptor[P, T]):
     """An instance method written once as an effect generator."""
 
     @overload
@@ -74,38 +74,37 @@ class operation(_Descriptor[P, T]):  # noqa: N801 - used as a decorator
         return self._wrap(obj._bind(self.fn), obj._returns)
 
 
-class classoperation(_Descriptor[P, T]):  # noqa: N801
+class classoperation(_Descriptor[P, T]):
     """A class method on a transport of its own, closed when the call is done."""
 
     @overload
     def __get__(self, obj: Any, owner: type[SyncBound]) -> Callable[P, T]: ...
     @overload
-    def __get__(
-        self, obj: Any, owner: type[AsyncBound]
-    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, obj: Any, owner: type[AsyncBound]) -> Callable[P, Coroutine[Any, Any, T]]: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         owner = owner or type(obj)
         return self._wrap(owner._bind_class(self.fn, adopt=False), owner._returns)
 
 
-class constructor(_Descriptor[P, Any]):  # noqa: N801
+class constructor(_Descriptor[P, Any]):
     """A class method that returns a new object; the object keeps the transport."""
 
     @overload
     def __get__(self, obj: Any, owner: type[S]) -> Callable[P, S]: ...
     @overload
-    def __get__(self, obj: Any, owner: type[A]) -> Callable[P, Coroutine[Any, Any, A]]: ...
+    def __get__(self, obj: Any, owner: type[A]) -> Callable[P, _Opening[A]]: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         owner = owner or type(obj)
         method = owner._bind_class(self.fn, adopt=True)
-        return self._wrap(method, owner._returns.format(owner.__name__))
+        return self._wrap(method, owner._constructs.format(owner.__name__))
 
 
 class SyncBound:
     """Objects whose operations run on a `SyncTransport` (blocking calls)."""
 
-    _returns = "{}"
+    _returns = _constructs = "{}"
     _transport: SyncTransport
+    _adopt: Callable[[Any, SyncTransport], Any]  # classmethod of the concrete class
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., T]:
         def method(*args: Any, **kwargs: Any) -> T:
@@ -131,16 +130,14 @@ class SyncBound:
 
         return method
 
-    @classmethod
-    def _adopt(cls, result: Any, transport: SyncTransport) -> Any:
-        raise NotImplementedError
-
 
 class AsyncBound:
     """Objects whose operations run on an `AsyncTransport` (coroutines)."""
 
     _returns = "Coroutine[Any, Any, {}]"
+    _constructs = "Awaitable[{}]"  # also an async context manager, see _Opening
     _transport: AsyncTransport
+    _adopt: Callable[[Any, AsyncTransport], Any]
 
     def _bind(self, fn: Callable[..., Op[T]]) -> Callable[..., Coroutine[Any, Any, T]]:
         async def method(*args: Any, **kwargs: Any) -> T:
@@ -171,10 +168,6 @@ class AsyncBound:
             return _Opening(method(*args, **kwargs))
 
         return constructing
-
-    @classmethod
-    def _adopt(cls, result: Any, transport: AsyncTransport) -> Any:
-        raise NotImplementedError
 
 
 class _Opening(Generic[A]):

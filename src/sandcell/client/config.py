@@ -17,7 +17,8 @@ class RetryPolicy:
 
     Only failures that cannot have done anything are repeated for every call: a connection
     that was never established, and a 429/503 answer (the server refused the work). A
-    connection that broke after the request was sent is repeated only for idempotent calls.
+    connection that broke after the request was sent, and a 500, are repeated only for
+    idempotent calls.
     """
 
     max_retries: int = 3
@@ -65,6 +66,12 @@ class ClientConfig:
         if api_key:
             changes["api_key"] = api_key
         resolved = replace(base, **changes) if changes else base
+        if not resolved.url.startswith(("http://", "https://")):
+            from sandcell.client.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"the server URL must start with http:// or https://, got {resolved.url!r}"
+            )
         return replace(resolved, url=resolved.url.rstrip("/"))
 
     def headers(self) -> dict[str, str]:

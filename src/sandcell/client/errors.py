@@ -150,6 +150,12 @@ class CommandExitError(SandcellError):
         self.exit_code = result.exit_code
 
 
+class ConfigurationError(SandcellError, ValueError):
+    """The client's own settings are unusable (a URL that is not http:// or https://)."""
+
+    default_code = "INVALID_CONFIG"
+
+
 class InvalidResponseError(SandcellError):
     """The server's reply is not what the API promises (not JSON, a stream cut short...)."""
 

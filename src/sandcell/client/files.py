@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from sandcell.client.binding import AsyncBound, SyncBound, operation
-from sandcell.client.errors import ConnectionFailedError, FileNotFoundInSandboxError
+from sandcell.client.errors import (
+    ConnectionFailedError,
+    FileNotFoundInSandboxError,
+    InvalidResponseError,
+)
 from sandcell.client.lifecycle import sandbox_path
 from sandcell.client.models import EntryInfo
 from sandcell.client.protocol import (
@@ -88,7 +92,9 @@ class FilesBase:
         params = {"path": os.fspath(path), "depth": str(depth)}
         data = yield from self._json(Request("GET", self._path("list"), params=params))
         entries = data.get("entries") if isinstance(data, dict) else None
-        return [EntryInfo.from_dict(x) for x in entries or []]
+        if not isinstance(entries, list):
+            raise InvalidResponseError("unexpected reply, wanted a list in 'entries'")
+        return [EntryInfo.from_dict(x) for x in entries]
 
     @operation
     def stat(self, path: PathArg) -> Op[EntryInfo]:
@@ -156,9 +162,7 @@ class FilesBase:
         download leaves no partial file. `progress(bytes_done, total)` is called per chunk
         (`total` is None if the server did not say). Returns the local path written.
         """
-        request = Request(
-            "GET", self._path(), params={"path": os.fspath(remote_path)}, stream=True
-        )
+        request = Request("GET", self._path(), params={"path": os.fspath(remote_path)}, stream=True)
         reply = yield from call(request, self._transport.config.retry)
         length = reply.headers.get("content-length")
         total = int(length) if length and length.isdigit() else None
@@ -173,11 +177,7 @@ class FilesBase:
                 if progress is not None:
                     yield Invoke(progress, (done, total))
             yield Blocking(fh.close, ())
-            if total is not None and done != total:
-                raise ConnectionFailedError(
-                    f"the download of {remote_path} stopped at {done} of {total} bytes",
-                    request_sent=True,
-                )
+            _check_complete(os.fspath(remote_path), done, total)
             yield Blocking(os.replace, (part, target))
         except GeneratorExit:
             _discard(fh, part)
@@ -200,6 +200,14 @@ def _download_target(local_path: PathArg, remote_path: str) -> Path:
     if target.is_dir():
         target = target / posixpath.basename(remote_path.rstrip("/"))
     return target
+
+
+def _check_complete(remote_path: str, done: int, total: int | None) -> None:
+    if total is not None and done != total:
+        raise ConnectionFailedError(
+            f"the download of {remote_path} stopped at {done} of {total} bytes",
+            request_sent=True,
+        )
 
 
 def _discard(fh: IO[bytes], part: Path) -> None:

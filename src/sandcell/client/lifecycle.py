@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from sandcell.client.binding import classoperation, constructor, operation
-from sandcell.client.config import ClientConfig
-from sandcell.client.errors import SandboxNotFoundError
+from sandcell.client.config import ClientConfig, RetryPolicy
+from sandcell.client.errors import InvalidResponseError, SandboxNotFoundError
 from sandcell.client.models import SandboxInfo
 from sandcell.client.protocol import Op, Request, call, call_json
 
@@ -35,7 +35,8 @@ def _seconds(value: float | None) -> float | int | None:
     return int(value) if float(value).is_integer() else value
 
 
-def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -> Any:
+def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -> RetryPolicy:
+    """The retry policy of a class-level call (its transport was made from the same args)."""
     return ClientConfig.resolve(url, api_key, config).retry
 
 
@@ -149,13 +150,11 @@ class SandboxBase:
         yield from call(Request("DELETE", sandbox_path(self.id)), self._policy)
 
     @property
-    def _policy(self) -> Any:
+    def _policy(self) -> RetryPolicy:
         return self._transport.config.retry
 
 
 def _items(data: Any, key: str) -> list[Any]:
-    from sandcell.client.errors import InvalidResponseError
-
     items = data.get(key) if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise InvalidResponseError(f"unexpected reply, wanted a list in {key!r}")

@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 from sandcell.client.config import RetryPolicy
 from sandcell.client.errors import (
     ConnectionFailedError,
+    InternalError,
     InvalidResponseError,
     IsolationUnavailableError,
     RateLimitedError,
@@ -133,6 +134,8 @@ def retry_delay(
         return policy.backoff(attempt)
     if _transient(error):
         return policy.retry_after(getattr(error, "retry_after", None), attempt)
+    if isinstance(error, InternalError) and request.idempotent:
+        return policy.backoff(attempt)  # a server-side hiccup: harmless to ask again
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
@@ -50,12 +51,27 @@ def connection_error(exc: httpx.HTTPError, config: ClientConfig) -> ConnectionFa
     return ConnectionFailedError(message, request_sent=not not_sent, timed_out=timed_out)
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verification (its CA bundle), loaded once per process, not once per
+    client (~50 ms each)."""
+    return httpx.create_ssl_context()
+
+
+def _plain_http_context() -> ssl.SSLContext:
+    """For an http:// server: never used, so the CA bundle is not loaded. Were it used, it
+    would verify against no CA at all and refuse every certificate (fails closed)."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 def _client_options(config: ClientConfig) -> dict[str, Any]:
+    https = config.url.startswith("https://")
     return {
         "base_url": config.url,
         "headers": config.headers(),
         "timeout": httpx.Timeout(config.timeout, connect=config.connect_timeout),
         "follow_redirects": False,
+        "verify": _tls_context() if https else _plain_http_context(),
     }
 
 
@@ -153,8 +169,12 @@ class SyncTransport:
             raise connection_error(exc, self.config) from exc
         run.resources.append(response)
         if req.stream:
-            return Reply(response.status_code, response.headers, b"", _Stream(response, iter(
-                response.iter_bytes())))
+            return Reply(
+                response.status_code,
+                response.headers,
+                b"",
+                _Stream(response, iter(response.iter_bytes())),
+            )
         try:
             body = response.read()
         except httpx.HTTPError as exc:
@@ -227,8 +247,12 @@ class AsyncTransport:
             raise connection_error(exc, self.config) from exc
         run.resources.append(response)
         if req.stream:
-            return Reply(response.status_code, response.headers, b"", _Stream(
-                response, response.aiter_bytes()))
+            return Reply(
+                response.status_code,
+                response.headers,
+                b"",
+                _Stream(response, response.aiter_bytes()),
+            )
         try:
             body = await response.aread()
         except httpx.HTTPError as exc:

@@ -1,0 +1,475 @@
+"""Client commands: `sandcell create | ls | exec | run | cp | rm`, over the SDK.
+
+Each command talks to a router (`--url`, env SANDCELL_URL) with an API key (`--api-key`, env
+SANDCELL_API_KEY). Errors print one line on stderr, `sandcell: CODE: message`, and exit 1
+(125 for `exec` and `run`, whose other exit codes are the command's own). The SDK is imported
+inside the commands, so `sandcell --help` and the server commands never load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from sandcell.client import CommandResult, Sandbox
+
+SANDCELL_FAILED = 125  # exec/run: sandcell itself failed (the command's codes are its own)
+PROGRESS_FROM_BYTES = 4 * 1_048_576
+_REMOTE = re.compile(r"(?P<id>[A-Za-z0-9][A-Za-z0-9._-]{0,127}):(?P<path>.*)", re.S)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="SANDCELL_URL",
+        show_envvar=True,
+        help="router URL (default http://127.0.0.1:8700)",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="SANDCELL_API_KEY", show_envvar=True, help="API key"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option("--env", "-e", metavar="K=V", help="environment variable (repeatable)"),
+]
+TemplateOpt = Annotated[str, typer.Option("--template", "-t", help="sandbox template")]
+CmdTimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0.001, help="kill the command after SECONDS")
+]
+CwdOpt = Annotated[str | None, typer.Option("--cwd", help="working directory in the workspace")]
+CmdArg = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="-- CMD...",
+        help="one word runs with /bin/sh -c (quote it); several words run as argv, no shell",
+        show_default=False,
+    ),
+]
+
+
+# -- reporting ------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"sandcell: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _describe(exc: Any) -> str:
+    """One line for an SDK error: its code, message and the gist of its details."""
+    message = exc.message
+    errors = exc.details.get("errors") if isinstance(exc.details, dict) else None
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        first = errors[0]
+        where = ".".join(str(p) for p in first.get("loc", []))
+        message += f" ({where}: {first.get('msg')})" if where else f" ({first.get('msg')})"
+    if exc.code == "UNAUTHENTICATED" and not os.environ.get("SANDCELL_API_KEY"):
+        message += " (set SANDCELL_API_KEY or pass --api-key)"
+    return f"{exc.code}: {message}"
+
+
+@contextlib.contextmanager
+def _reporting(failure_code: int = 1) -> Iterator[None]:
+    """Turns every failure into one line on stderr and an exit code; never a traceback."""
+    from sandcell.client.errors import SandcellError
+
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except SandcellError as exc:
+        raise _fail(_describe(exc), failure_code) from None
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise _fail(f"{where}{exc.strerror or exc}", failure_code) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted", 130) from None
+    except Exception as exc:
+        if os.environ.get("SANDCELL_DEBUG"):
+            raise
+        raise _fail(f"unexpected error: {type(exc).__name__}: {exc}", failure_code) from None
+
+
+def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise _fail(f"{what} must look like NAME=VALUE, got {item!r}", 2)
+        out[name] = value
+    return out
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _command(words: list[str]) -> str | list[str]:
+    """One word (typically quoted, with spaces) runs through the shell; several are argv."""
+    if not words:
+        raise _fail("no command given (usage: ... -- CMD...)", 2)
+    return words[0] if len(words) == 1 else words
+
+
+def _write(stream: Any) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+# -- create, ls, rm -------------------------------------------------------------------------
+
+
+def create(
+    template: TemplateOpt = "default",
+    timeout: Annotated[
+        int | None, typer.Option("--timeout", min=1, help="idle timeout in seconds")
+    ] = None,
+    lifetime: Annotated[
+        int | None, typer.Option("--lifetime", min=1, help="maximum lifetime in seconds")
+    ] = None,
+    env: EnvOpt = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option("--metadata", "-m", metavar="K=V", help="label (repeatable)"),
+    ] = None,
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Create a sandbox and print its id."""
+    with _reporting():
+        from sandcell.client import Sandbox
+
+        sbx = Sandbox.create(
+            template,
+            timeout=timeout,
+            lifetime=lifetime,
+            env=_pairs(env, "--env"),
+            metadata=_pairs(metadata, "--metadata"),
+            api_key=api_key,
+            url=url,
+        )
+        sbx.close()
+    if json_out:
+        _print_json(sbx.last_info.to_dict())
+    else:
+        typer.echo(sbx.id)
+
+
+def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
+    """List your sandboxes."""
+    with _reporting():
+        from sandcell.client import Sandbox
+
+        sandboxes = Sandbox.list(api_key=api_key, url=url)
+    if json_out:
+        _print_json([s.to_dict() for s in sandboxes])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    if not sandboxes:
+        typer.echo("no sandboxes", err=True)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "TEMPLATE", "STATE", "CREATED", "EXPIRES", "IDLE TIMEOUT"):
+        table.add_column(column, no_wrap=True)
+    for s in sandboxes:
+        table.add_row(
+            s.id,
+            s.template,
+            s.state,
+            s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            s.expires_at.strftime("%Y-%m-%d %H:%M:%S"),
+            f"{s.idle_timeout_s}s",
+        )
+    # Not a terminal: no width to fit, so never truncate an id.
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)
+
+
+def rm(
+    sandbox_ids: Annotated[list[str], typer.Argument(metavar="ID...", show_default=False)],
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Delete sandboxes (and everything in them)."""
+    failed = False
+    for sandbox_id in sandbox_ids:
+        try:
+            with _reporting():
+                from sandcell.client import Sandbox
+
+                with contextlib.closing(
+                    Sandbox.connect(sandbox_id, api_key=api_key, url=url)
+                ) as sbx:
+                    sbx.kill()
+        except typer.Exit:
+            failed = True
+    if failed:
+        raise typer.Exit(1)
+
+
+# -- exec and run ---------------------------------------------------------------------------
+
+
+def _run_command(
+    sbx: Sandbox, command: str | list[str], options: dict[str, Any], json_out: bool
+) -> CommandResult:
+    """Streams the output live (or collects it, for --json) and returns the result."""
+    if json_out:
+        result = sbx.commands.run(command, **options)
+        _print_json(result.to_dict())
+        return result
+    return sbx.commands.run(
+        command, on_stdout=_write(sys.stdout), on_stderr=_write(sys.stderr), **options
+    )
+
+
+def exec_command(
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", show_default=False)],
+    cmd: CmdArg,
+    timeout: CmdTimeoutOpt = 60,
+    env: EnvOpt = None,
+    cwd: CwdOpt = None,
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Run a command in a sandbox, streaming its output; exit with its exit code."""
+    command, options = _command(cmd), {"timeout": timeout, "env": _pairs(env, "--env"), "cwd": cwd}
+    with _reporting(SANDCELL_FAILED):
+        from sandcell.client import Sandbox
+
+        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
+            result = _run_command(sbx, command, options, json_out)
+    raise typer.Exit(result.exit_code)
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM for `run`: held back while the sandbox is being created or deleted,
+    raised as KeyboardInterrupt while the command runs, so the sandbox is always deleted.
+
+    A second signal while held back is raised at once (the user insists).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._held = True
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        again = self.received is not None
+        self.received = signum
+        if not self._held or again:
+            raise KeyboardInterrupt
+
+    def release(self) -> None:
+        """From now on a signal interrupts; one that came while held back does so now."""
+        self._held = False
+        if self.received is not None:
+            raise KeyboardInterrupt
+
+    def hold(self) -> None:
+        self._held = True
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.received or signal.SIGINT)
+
+
+def _delete_for_sure(sbx: Sandbox, url: str | None, api_key: str | None) -> None:
+    """Kills the throw-away sandbox; if that fails, asks again on a fresh connection (the
+    old one may be unusable after an interruption) and is satisfied once it is gone."""
+    from sandcell.client import Sandbox, SandboxNotFoundError, SandcellError
+
+    try:
+        sbx.kill()
+        return
+    except SandcellError:
+        pass
+    finally:
+        sbx.close()
+    try:
+        with contextlib.closing(Sandbox.connect(sbx.id, api_key=api_key, url=url)) as again:
+            again.kill()
+    except SandboxNotFoundError:
+        return
+
+
+def run(
+    cmd: CmdArg,
+    template: TemplateOpt = "default",
+    timeout: CmdTimeoutOpt = 60,
+    env: EnvOpt = None,
+    cwd: CwdOpt = None,
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Run a command in a throw-away sandbox: create, run (streaming), delete.
+
+    The sandbox is deleted whatever happens: success, failure, Ctrl-C or SIGTERM.
+    """
+    command, options = _command(cmd), {"timeout": timeout, "env": _pairs(env, "--env"), "cwd": cwd}
+    interrupts = _Interrupts()
+    with _reporting(SANDCELL_FAILED), interrupts:
+        from sandcell.client import Sandbox
+
+        sbx = None
+        try:
+            sbx = Sandbox.create(template, api_key=api_key, url=url)
+            try:
+                interrupts.release()
+                result = _run_command(sbx, command, options, json_out)
+            finally:
+                interrupts.hold()
+                _delete_for_sure(sbx, url, api_key)
+        except KeyboardInterrupt:
+            done = "; the sandbox was deleted" if sbx is not None else ""
+            raise _fail(f"interrupted{done}", interrupts.exit_code) from None
+    raise typer.Exit(result.exit_code)
+
+
+# -- cp -------------------------------------------------------------------------------------
+
+
+def _remote(arg: str) -> tuple[str, str] | None:
+    """`ID:path` (an id has no '/'; write ./a:b for a local file with a colon)."""
+    m = _REMOTE.fullmatch(arg)
+    return (m["id"], m["path"]) if m else None
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr, only for people (a TTY) and large files."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._enabled = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if not self._enabled:
+            return
+        if self._progress is None:
+            if (total or 0) < PROGRESS_FROM_BYTES:
+                self._enabled = False
+                return
+            self._start(total)
+        assert self._progress is not None
+        self._progress.update(self._task, completed=done)
+
+    def _start(self, total: int | None) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.label, total=total)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _upload(sbx: Sandbox, local: str, remote: str) -> dict[str, Any]:
+    if not remote or remote.endswith("/"):
+        remote += Path(local).name
+    bar = _ProgressBar(f"upload {Path(local).name}")
+    try:
+        entry = sbx.files.upload(local, remote, progress=bar)
+    finally:
+        bar.close()
+    return {"direction": "upload", "local": local, **entry.to_dict()}
+
+
+def _download(sbx: Sandbox, remote: str, local: str) -> dict[str, Any]:
+    bar = _ProgressBar(f"download {Path(remote).name}")
+    try:
+        target = sbx.files.download(remote, local, progress=bar)
+    finally:
+        bar.close()
+    return {"direction": "download", "local": str(target), "size": target.stat().st_size}
+
+
+def cp(
+    src: Annotated[str, typer.Argument(metavar="SRC", show_default=False)],
+    dst: Annotated[str, typer.Argument(metavar="DST", show_default=False)],
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Copy a file into or out of a sandbox: `cp FILE ID:path` or `cp ID:path FILE`.
+
+    A remote path ending in '/' (or empty) takes the local file's name; a local directory
+    as DST receives the file under its remote name.
+    """
+    remote_src, remote_dst = _remote(src), _remote(dst)
+    if (remote_src is None) == (remote_dst is None):
+        raise _fail("exactly one of SRC and DST must be ID:path", 2)
+    sandbox_id, remote_path = remote_src or remote_dst  # type: ignore[misc]
+    with _reporting():
+        from sandcell.client import Sandbox
+
+        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
+            if remote_dst is not None:
+                summary = _upload(sbx, src, remote_path)
+            else:
+                summary = _download(sbx, remote_path, dst)
+    if json_out:
+        _print_json(summary)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds the client commands to the `sandcell` app."""
+    app.command()(create)
+    app.command()(ls)
+    app.command("exec")(exec_command)
+    app.command()(run)
+    app.command()(cp)
+    app.command()(rm)

@@ -1,0 +1,80 @@
+"""The sandcell Python SDK: `Sandbox` (blocking) and `AsyncSandbox` (async), same API.
+
+```python
+from sandcell import Sandbox
+
+with Sandbox.create(template="default") as sbx:      # SANDCELL_URL, SANDCELL_API_KEY
+    r = sbx.commands.run("echo hi", timeout=10)
+    sbx.files.write("data/a.txt", b"hello")
+```
+"""
+
+from sandcell.client.async_sandbox import AsyncSandbox
+from sandcell.client.commands import AsyncCommands, Commands
+from sandcell.client.config import DEFAULT_URL, ClientConfig, RetryPolicy
+from sandcell.client.errors import (
+    AlreadyInitializedError,
+    AuthenticationError,
+    BadRequestError,
+    CommandExitError,
+    ConfigurationError,
+    ConflictError,
+    ConnectionFailedError,
+    FileNotFoundInSandboxError,
+    ForbiddenError,
+    InternalError,
+    InvalidResponseError,
+    IsolationUnavailableError,
+    MethodNotAllowedError,
+    NotFoundError,
+    NotInitializedError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    SandboxNotFoundError,
+    SandboxTimeoutError,
+    SandboxUnreachableError,
+    SandcellError,
+    ServiceUnavailableError,
+)
+from sandcell.client.files import AsyncFiles, Files
+from sandcell.client.models import CommandResult, EntryInfo, SandboxInfo
+from sandcell.client.sandbox import Sandbox
+
+__all__ = [
+    "DEFAULT_URL",
+    "AlreadyInitializedError",
+    "AsyncCommands",
+    "AsyncFiles",
+    "AsyncSandbox",
+    "AuthenticationError",
+    "BadRequestError",
+    "ClientConfig",
+    "CommandExitError",
+    "CommandResult",
+    "Commands",
+    "ConfigurationError",
+    "ConflictError",
+    "ConnectionFailedError",
+    "EntryInfo",
+    "FileNotFoundInSandboxError",
+    "Files",
+    "ForbiddenError",
+    "InternalError",
+    "InvalidResponseError",
+    "IsolationUnavailableError",
+    "MethodNotAllowedError",
+    "NotFoundError",
+    "NotInitializedError",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "RateLimitedError",
+    "RetryPolicy",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxNotFoundError",
+    "SandboxTimeoutError",
+    "SandboxUnreachableError",
+    "SandcellError",
+    "ServiceUnavailableError",
+]
