@@ -1,4 +1,4 @@
-"""`sandcell serve`: router + manager in one process, the SQLite store, local cells."""
+"""`sandcell serve`: router + manager in one process; local cells or Kubernetes pods."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import uvicorn
 
-from sandcell.manager.backend import LocalBackend
+from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.router.app import Limits, Router, create_app
 from sandcell.settings import Settings
@@ -24,6 +24,20 @@ async def opened_store(settings: Settings) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.close()
+
+
+@contextlib.asynccontextmanager
+async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
+    if settings.backend == "local":
+        yield LocalBackend(settings.cells_dir)
+        return
+    from sandcell.manager.k8s.backend import KubernetesBackend  # lightkube only when used
+
+    backend = KubernetesBackend(settings.kubernetes, settings.templates)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,8 +69,7 @@ def configure_logging(log_format: str) -> None:
 
 async def serve(settings: Settings) -> None:
     configure_logging(settings.log_format)
-    async with opened_store(settings) as store:
-        backend = LocalBackend(settings.cells_dir)
+    async with opened_store(settings) as store, opened_backend(settings) as backend:
         manager = Manager(
             store,
             backend,

@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandcell.manager.k8s.config import KubernetesConfig, parse_kubernetes
 from sandcell.manager.templates import ConfigError, Template, load_config, parse_templates
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8700
+BACKENDS = ("local", "kubernetes")
 SERVER_KEYS = {
+    "backend",
     "host",
     "port",
     "store",
@@ -42,6 +45,8 @@ class Settings:
     reap_interval_s: float = 5.0
     init_timeout_s: float = 10.0
     templates: dict[str, Template] = field(default_factory=dict)
+    backend: str = "local"
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     @property
     def cells_dir(self) -> Path:
@@ -54,7 +59,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     unknown = set(server) - SERVER_KEYS
     if unknown:
         raise ConfigError(f"[server]: unknown keys {sorted(unknown)}")
-    unknown_tables = set(raw) - {"server", "templates"}
+    unknown_tables = set(raw) - {"server", "templates", "kubernetes"}
     if unknown_tables:
         raise ConfigError(f"unknown tables {sorted(unknown_tables)}")
     root = data_dir or default_data_dir()
@@ -69,9 +74,13 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         reap_interval_s=float(server.get("reap_interval_s", 5.0)),
         init_timeout_s=float(server.get("init_timeout_s", 10.0)),
         templates=parse_templates(raw),
+        backend=str(server.get("backend", "local")),
+        kubernetes=parse_kubernetes(raw),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
+    if settings.backend not in BACKENDS:
+        raise ConfigError(f"[server] backend must be one of {list(BACKENDS)}")
     return settings
 
 

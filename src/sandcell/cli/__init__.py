@@ -45,16 +45,34 @@ def _settings(config: Path | None, data_dir: Path | None):
 def serve(
     host: Annotated[str | None, typer.Option(help="[default: 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="[default: 8700]")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SANDCELL_BACKEND",
+            help="local or kubernetes (default: server.backend, else local)",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Run the router and the manager with local cells (embedded defaults, no file needed)."""
+    """Run the router and the manager: local cells by default (no file needed), or pods
+    (`--backend kubernetes`, set up by the config's kubernetes table: docs/kubernetes.md)."""
+    from sandcell.manager.templates import ConfigError
     from sandcell.serve import serve as run_server
+    from sandcell.settings import BACKENDS
 
     settings = _settings(config, data_dir)
     settings.host = host or settings.host
     settings.port = port or settings.port
-    asyncio.run(run_server(settings))
+    settings.backend = backend or settings.backend
+    if settings.backend not in BACKENDS:
+        typer.echo(f"sandcell: --backend must be one of {list(BACKENDS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        asyncio.run(run_server(settings))
+    except ConfigError as exc:  # e.g. no cluster configuration to be found
+        typer.echo(f"sandcell: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @keys_app.command("create")
@@ -132,6 +150,11 @@ def doctor() -> None:
     from sandcell.cli.doctor import run
 
     raise typer.Exit(run(Console()))
+
+
+from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
+
+_register_client_commands(app)
 
 
 def main() -> None:

@@ -1,0 +1,121 @@
+"""A template's cell as a Pod manifest: limits, hardening, lifetime bound and labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandcell.isolation.policy import CellPolicy
+from sandcell.manager.k8s.config import KubernetesConfig
+
+CONTAINER = "daemon"
+WORKSPACE = "/workspace"
+# Labels: the NetworkPolicy selects on NAME; list() on MANAGED_BY + MANAGER; TEMPLATE names
+# the pool a warm pod belongs to.
+NAME, SANDBOX_POD = "app.kubernetes.io/name", "sandcell-sandbox"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "sandcell.dev/manager"
+TEMPLATE = "sandcell.dev/template"
+SANDBOX = "sandcell.dev/sandbox"
+STOP_GRACE_S = 1  # nothing in a sandbox is worth waiting for once it is deleted
+
+
+def owner_labels(config: KubernetesConfig) -> dict[str, str]:
+    return {MANAGED_BY: "sandcell", MANAGER: config.manager_id}
+
+
+def pod_manifest(
+    config: KubernetesConfig,
+    policy: CellPolicy,
+    *,
+    sandbox_id: str,
+    bootstrap_pem: bytes,
+    template: str,
+    deadline_s: int,
+) -> dict[str, Any]:
+    """The pod runs only the daemon, as a non-root user with no capabilities and a read-only
+    root; its environment holds the sandbox id and the bootstrap public key, nothing else."""
+    resources = {
+        "cpu": f"{max(1, round(policy.cpus * 1000))}m",
+        "memory": f"{policy.memory_mb}Mi",
+        "ephemeral-storage": f"{policy.disk_mb}Mi",
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": deadline_s,
+        "terminationGracePeriodSeconds": STOP_GRACE_S,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,  # else every Service of the namespace lands in the env
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": config.image,
+                "imagePullPolicy": config.image_pull_policy,
+                "command": [
+                    "sandcell",
+                    "daemon",
+                    "--listen",
+                    f"0.0.0.0:{config.daemon_port}",
+                    "--disk-quota-mb",
+                    str(policy.disk_mb),
+                    f"--inherit-env={','.join(policy.inherit_env)}",
+                ],
+                "env": [
+                    {"name": "SANDCELL_SANDBOX_ID", "value": sandbox_id},
+                    {"name": "SANDCELL_BOOTSTRAP_PUBLIC_KEY", "value": bootstrap_pem.decode()},
+                    {"name": "SANDCELL_WORKSPACE", "value": WORKSPACE},
+                ],
+                "ports": [{"name": "daemon", "containerPort": config.daemon_port}],
+                "readinessProbe": {
+                    "httpGet": {"path": "/health", "port": "daemon"},
+                    "periodSeconds": 1,
+                    "timeoutSeconds": 1,
+                },
+                "resources": {"requests": resources, "limits": resources},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "privileged": False,
+                    "readOnlyRootFilesystem": True,
+                    "runAsNonRoot": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [
+                    {"name": "workspace", "mountPath": WORKSPACE},
+                    {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own tmpfs
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "workspace", "emptyDir": {"sizeLimit": f"{policy.disk_mb}Mi"}},
+            # Memory-backed, so it counts against (and stays below) the memory limit.
+            {
+                "name": "tmp",
+                "emptyDir": {
+                    "medium": "Memory",
+                    "sizeLimit": f"{max(16, policy.memory_mb // 4)}Mi",
+                },
+            },
+        ],
+    }
+    if config.runtime_class:
+        spec["runtimeClassName"] = config.runtime_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": sandbox_id,
+            "namespace": config.namespace,
+            "labels": {
+                NAME: SANDBOX_POD,
+                **owner_labels(config),
+                TEMPLATE: template,
+                SANDBOX: sandbox_id,
+            },
+        },
+        "spec": spec,
+    }
