@@ -54,6 +54,7 @@ def test_lifecycle_exec_stream_and_files(server, alice):
         r = c.post(f"{base}/exec", json={"command": "echo $((6*7))"})
         assert r.json()["stdout"] == "42\n"
         assert r.headers["x-request-id"]
+        assert len(r.headers.get_list("date")) == 1 and len(r.headers.get_list("server")) == 1
         started, arrivals = time.monotonic(), []
         with c.stream(
             "POST",
@@ -166,6 +167,7 @@ def test_keepalive_and_templates(server, alice):
         (b'{"bogus": 1}', 400),
         (b'{"idle_timeout_s": -1}', 400),
         (b'{"env": {"A": 1}}', 400),
+        (b'{"max_lifetime_s": 86400}', 400),  # longer than the template allows
     ],
 )
 def test_bad_create_bodies(server, alice, body, status):

@@ -43,8 +43,8 @@ def _settings(config: Path | None, data_dir: Path | None):
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="[default: 127.0.0.1]")] = None,
-    port: Annotated[int | None, typer.Option(help="[default: 8700]")] = None,
+    host: Annotated[str | None, typer.Option(show_default="127.0.0.1")] = None,
+    port: Annotated[int | None, typer.Option(show_default="8700")] = None,
     backend: Annotated[
         str | None,
         typer.Option(

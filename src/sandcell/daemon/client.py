@@ -29,7 +29,8 @@ def _tls_context() -> ssl.SSLContext:
 def _base_url(endpoint: dict[str, Any]) -> str:
     if "uds" in endpoint:
         return DAEMON_BASE_URL
-    return f"http://{endpoint['host']}:{endpoint['port']}"
+    host = str(endpoint["host"])
+    return f"http://{f'[{host}]' if ':' in host else host}:{endpoint['port']}"
 
 
 def _transport_options(endpoint: dict[str, Any]) -> dict[str, Any]:

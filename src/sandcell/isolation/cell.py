@@ -92,6 +92,7 @@ class LocalCells:
         self.uid_base, self.uid_count = uid_base, uid_count
         self._lock = threading.Lock()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._destroying: dict[str, threading.Lock] = {}
         try:
             self.cgroups: cgroups.CgroupDriver | None = cgroups.detect(cgroup_parent)
             self._cgroup_problem = ""
@@ -117,7 +118,16 @@ class LocalCells:
             raise
 
     def destroy(self, cell_id: str) -> None:
-        """Kills every process of the cell and removes all it had on the host. Idempotent."""
+        """Kills every process of the cell and removes all it had on the host. Idempotent,
+        and safe to call concurrently (a user's delete racing the reaper)."""
+        with self._lock:
+            lock = self._destroying.setdefault(cell_id, threading.Lock())
+        with lock:
+            self._destroy(cell_id)
+        with self._lock:
+            self._destroying.pop(cell_id, None)
+
+    def _destroy(self, cell_id: str) -> None:
         cell_dir = self.cells_dir / _check_id(cell_id)
         info = self._read_info(cell_dir)
         cgroup_name = info.cgroup if info else _cgroup_name(cell_id)

@@ -135,7 +135,8 @@ class CellCgroup(abc.ABC):
         while self.pids():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cell {self.name}: processes survive SIGKILL: {self.pids()}")
-            self._kill_everything()
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing left
+                self._kill_everything()
             time.sleep(_POLL_S)
 
     def destroy(self, timeout_s: float = 5.0) -> None:

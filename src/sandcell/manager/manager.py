@@ -23,6 +23,7 @@ log = logging.getLogger("sandcell.manager")
 BOOTSTRAP_KEY_NAME = "bootstrap-private-key"
 DEFAULT_INIT_TIMEOUT_S = 10.0
 DEFAULT_REAP_INTERVAL_S = 5.0
+DEAD_AFTER_PROBES = 2
 
 
 def new_sandbox_id() -> str:
@@ -61,6 +62,8 @@ class Manager:
         }
         self.init_failures = 0
         self._reaper: asyncio.Task[None] | None = None
+        self._deleting: dict[str, asyncio.Lock] = {}
+        self._unhealthy: dict[str, int] = {}
 
     # -- service lifecycle ----------------------------------------------------------------
 
@@ -101,6 +104,7 @@ class Manager:
         metadata: dict[str, str] | None = None,
     ) -> SandboxRecord:
         template = self.template(template_name)
+        within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
         env = env or {}
         # Pooled cells were initialised before anyone's env was known.
         warm = None if env else await self.pools[template_name].claim()
@@ -160,12 +164,20 @@ class Manager:
         return WarmCell(sandbox_id, handle, session_key)
 
     async def delete_sandbox(self, sandbox_id: str) -> bool:
-        record = await self.store.get_sandbox(sandbox_id)
-        if record is None:
-            return False
-        await self.store.update_state(sandbox_id, "deleting")
-        await self.backend.destroy(record.cell)
-        return await self.store.delete_sandbox(sandbox_id)
+        """One deletion per sandbox at a time in this process; a second caller waits and then
+        finds it gone."""
+        lock = self._deleting.setdefault(sandbox_id, asyncio.Lock())
+        try:
+            async with lock:
+                record = await self.store.get_sandbox(sandbox_id)
+                if record is None:
+                    return False
+                await self.store.update_state(sandbox_id, "deleting")
+                await self.backend.destroy(record.cell)
+                return await self.store.delete_sandbox(sandbox_id)
+        finally:
+            if not lock.locked():
+                self._deleting.pop(sandbox_id, None)
 
     # -- expiry and reconciliation --------------------------------------------------------
 
@@ -173,12 +185,28 @@ class Manager:
         """Deletes sandboxes past their idle or lifetime deadline, and those whose daemon
         died."""
         due = await self.store.due_for_reaping(now or time.time(), limit=500)
-        for record in await self.store.list_sandboxes():
-            if record.id not in due and not await self.backend.healthy(record.endpoint):
-                due.append(record.id)
+        due += await self._dead_daemons(set(due))
         for sandbox_id in due:
             await self.delete_sandbox(sandbox_id)
         return due
+
+    async def _dead_daemons(self, skip: set[str]) -> list[str]:
+        """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
+        answer under load is not a death)."""
+        dead, seen = [], set()
+        for record in await self.store.list_sandboxes():
+            if record.id in skip or record.state != "running":
+                continue  # a deletion under way owns it
+            seen.add(record.id)
+            if await self.backend.healthy(record.endpoint):
+                self._unhealthy.pop(record.id, None)
+                continue
+            self._unhealthy[record.id] = self._unhealthy.get(record.id, 0) + 1
+            if self._unhealthy[record.id] >= DEAD_AFTER_PROBES:
+                dead.append(record.id)
+        for gone in set(self._unhealthy) - seen:
+            del self._unhealthy[gone]
+        return dead
 
     async def _reap_forever(self) -> None:
         while True:
@@ -213,6 +241,19 @@ class Manager:
             "dropped": dropped,
             "orphans": [str(_key(h.cell)) for h in cells.values()],
         }
+
+
+def within_lifetime(template: Template, **requested: int | None) -> None:
+    """A request may shorten the template's lifetime, never extend it (a pod's deadline and
+    the operator's capacity plan both follow the template)."""
+    for field, value in requested.items():
+        if value is not None and value > template.max_lifetime_s:
+            raise SandcellError(
+                ErrorCode.BAD_REQUEST,
+                f"{field} may not exceed the template's max_lifetime_s "
+                f"({template.max_lifetime_s} s)",
+                {"field": field, "limit": template.max_lifetime_s},
+            )
 
 
 def _key(cell: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -17,7 +17,7 @@ from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS
 from sandcell.http.openapi import Operation, openapi, routes
-from sandcell.manager.manager import Manager
+from sandcell.manager.manager import Manager, within_lifetime
 from sandcell.router import schemas
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.metrics import RouterMetrics
@@ -103,6 +103,8 @@ async def keepalive(request: Request) -> Response:
     _, record = await r.owned(request)
     body = await read_body(request, MAX_API_BODY)
     req = parse_model(schemas.Keepalive, body) if body.strip() else schemas.Keepalive()
+    if req.idle_timeout_s is not None:
+        within_lifetime(r.manager.template(record.template), idle_timeout_s=req.idle_timeout_s)
     await r.store.touch(record.id, time.time(), req.idle_timeout_s)
     refreshed = await r.store.get_sandbox(record.id)
     if refreshed is None:

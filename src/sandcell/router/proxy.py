@@ -29,6 +29,8 @@ CONNECT_TIMEOUT_S = 2.0
 DEFAULT_READ_TIMEOUT_S = 120.0
 EXEC_TIMEOUT_MARGIN_S = 30.0
 CLOSE_GRACE_S = 120.0
+# The router's own server sets these on every response: not copied from the daemon's.
+SERVER_HEADERS = {"date", "server"}
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -136,7 +138,7 @@ class DaemonProxy:
         out_headers = {
             k: v
             for k, v in response.headers.items()
-            if k.lower() not in HOP_BY_HOP - {"content-length"}
+            if k.lower() not in (HOP_BY_HOP - {"content-length"}) | SERVER_HEADERS
         }
         return StreamingResponse(
             _relay(response, record.id),
