@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from sandcell.store import Sealer, Store, open_store
+from support.leaks import HostSnapshot, assert_nothing_leaked
 
 
 def _server_binary() -> str:
@@ -30,6 +31,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_leaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the session: no cell process, cgroup, mount, socket or cell dir of sandcell left."""
+    before = HostSnapshot.take()
+    yield
+    assert_nothing_leaked(before, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")
