@@ -153,3 +153,17 @@ def _alive(pid: int) -> bool:
 
 def test_commands_are_the_oom_killers_first_choice(client: DaemonClient):
     assert client.exec("cat /proc/self/oom_score_adj")["stdout"] == "500\n"
+
+
+def test_result_json_is_encoded_piecewise_and_exact():
+    import json as _json
+
+    from sandcell.daemon.runner import CappedOutput, CommandResult
+
+    out = CappedOutput(100)
+    for piece in (b'a"\\\n', b"\xc3", b"\xa9 ok", b"\xff"):  # an \xc3\xa9 split across chunks
+        out.add(piece)
+    result = CommandResult(3, out, CappedOutput(10), False, None, 0.5)
+    doc = _json.loads(b"".join(result.iter_json()))
+    assert doc["stdout"] == 'a"\\\n\u00e9 ok\ufffd' and doc["stderr"] == ""
+    assert doc["exit_code"] == 3 and doc["duration_s"] == 0.5

@@ -254,12 +254,6 @@ def test_stdout_flood_caps_hold_and_memory_is_bounded(server, c, figures):
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the daemon holds ~4x max_output_bytes while building the JSON answer; with the "
-    "largest allowed cap (64 MiB) on a 256 MB cell it is OOM-killed, the exec gets 502 and the "
-    "sandbox is reaped",
-)
 def test_largest_allowed_output_cap_does_not_kill_the_daemon(server, c):
     sid = _create(c)
     cell = cell_of(server, c, sid)

@@ -360,12 +360,6 @@ def test_daemon_document_declares_what_it_uses(daemon_document):
     assert undeclared_path_parameters(daemon_document) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the router's OpenAPI document lists /v1/sandboxes/{sandbox_id}... and "
-    "/v1/sandboxes/{sandbox_id}/{rest:path} (Starlette syntax) without declaring any path "
-    "parameter, which OpenAPI requires; generic clients and fuzzers cannot use it as is",
-)
 def test_router_document_declares_its_path_parameters(raw_router_document):
     assert undeclared_path_parameters(raw_router_document) == []
     assert not any(":" in path for path in raw_router_document["paths"])

@@ -256,12 +256,6 @@ def test_redis_restart_fails_clearly_then_recovers(redis_outage, figures):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with the store down, every authenticated request is an unhandled "
-    "redis.ConnectionError: 500 INTERNAL (and the connection is then reset) instead of a clear "
-    "503 like /readyz gives",
-)
 def test_requests_during_a_redis_outage_are_503_not_500(redis_outage):
     seen = [(name, status) for name, status, _ in redis_outage.during]
     assert {status for _, status in seen} == {"503"}, seen

@@ -132,7 +132,8 @@ async def exec_command(request: Request) -> Response:
     spec = d.command_spec(await d.json_body(request, schemas.ExecRequest))
     if NDJSON in request.headers.get("accept", ""):
         return StreamingResponse(_stream(d.runner, spec), media_type=NDJSON)
-    return JSONResponse((await d.runner.run(spec)).to_dict())
+    result = await d.runner.run(spec)
+    return StreamingResponse(result.iter_json(), media_type="application/json")
 
 
 async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:

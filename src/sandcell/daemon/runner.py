@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,12 +47,10 @@ class CappedOutput:
         if len(data) > room:
             self.truncated = True
             data = data[: max(room, 0)]
-        self.chunks.append(data)
-        self.size += len(data)
+        if data:  # past the cap a flood would otherwise pile up empty chunks
+            self.chunks.append(data)
+            self.size += len(data)
         return data
-
-    def text(self) -> str:
-        return b"".join(self.chunks).decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -73,8 +72,23 @@ class CommandResult:
             "duration_s": round(self.duration_s, 6),
         }
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"stdout": self.stdout.text(), "stderr": self.stderr.text(), **self.summary()}
+    def iter_json(self) -> Iterator[bytes]:
+        """The result as JSON (stdout, stderr, then the summary), encoded piece by piece:
+        output of up to max_output_bytes per stream is never copied whole (as text, as JSON,
+        as bytes), which took ~4x the cap and could get the daemon OOM-killed."""
+        yield b"{"
+        for name, out in (("stdout", self.stdout), ("stderr", self.stderr)):
+            yield f'"{name}":"'.encode()
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            for chunk in out.chunks:
+                yield _json_fragment(decoder.decode(chunk))
+            yield _json_fragment(decoder.decode(b"", final=True)) + b'",'
+        yield json.dumps(self.summary(), separators=(",", ":"))[1:].encode()
+
+
+def _json_fragment(text: str) -> bytes:
+    """`text` as the inside of a JSON string (ASCII, escapes included)."""
+    return json.dumps(text)[1:-1].encode()
 
 
 class _Collector:

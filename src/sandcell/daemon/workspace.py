@@ -63,6 +63,8 @@ _ERRNO_CODES = {
     errno.EISDIR: ErrorCode.BAD_REQUEST,
     errno.EINVAL: ErrorCode.BAD_REQUEST,
     errno.ENAMETOOLONG: ErrorCode.BAD_REQUEST,
+    errno.ENXIO: ErrorCode.BAD_REQUEST,  # a socket file: nothing to read
+    errno.ENODEV: ErrorCode.BAD_REQUEST,
     errno.ENOSPC: ErrorCode.PAYLOAD_TOO_LARGE,
     errno.EDQUOT: ErrorCode.PAYLOAD_TOO_LARGE,
     errno.EFBIG: ErrorCode.PAYLOAD_TOO_LARGE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +62,18 @@ def _content(kind: type[BaseModel] | str, schemas: dict[str, Any]) -> dict[str, 
     return {"application/json": {"schema": {"$ref": f"#/components/schemas/{kind.__name__}"}}}
 
 
+_PLACEHOLDER = re.compile(r"{(\w+)(?::\w+)?}")
+
+
 def _operation(op: Operation, schemas: dict[str, Any]) -> dict[str, Any]:
-    doc: dict[str, Any] = {"summary": op.summary, "operationId": op.endpoint.__name__}
-    if op.query:
-        doc["parameters"] = [
+    op_id = f"{op.endpoint.__name__}_{op.method.lower()}"
+    doc: dict[str, Any] = {"summary": op.summary, "operationId": op_id}
+    params = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PLACEHOLDER.findall(op.path)
+    ]
+    if op.query or params:
+        doc["parameters"] = params + [
             {
                 "name": q.name,
                 "in": "query",
@@ -93,7 +102,9 @@ def openapi(
     schemas: dict[str, Any] = {}
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
-        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, schemas)
+        # Starlette's {rest:path} is OpenAPI's {rest}.
+        path = _PLACEHOLDER.sub(r"{\1}", op.path)
+        paths.setdefault(path, {})[op.method.lower()] = _operation(op, schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},

@@ -30,7 +30,7 @@ async def initialize(
 ) -> None:
     """POSTs /init until a confirmed 200, with exponential backoff and full jitter.
 
-    A fresh token per attempt; 401/403/409 are final: a 409 on a retry means the daemon
+    A fresh token per attempt; 400/401/403/409 are final: a 409 on a retry means the daemon
     holds some other key, which is a failure, never a success.
     """
     deadline = time.monotonic() + timeout_s
@@ -49,7 +49,7 @@ async def initialize(
                 response = await client.post("/init", json={"token": token})
                 if response.status_code == 200:
                     return
-                if response.status_code in (401, 403, 409):
+                if response.status_code in (400, 401, 403, 409):
                     raise InitFailed(
                         f"daemon refused init: {response.status_code} {response.text[:200]}"
                     )

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from sandcell import tokens
+from sandcell.daemon.environment import validate_env
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.manager.backend import Backend, CellHandle
@@ -106,6 +107,7 @@ class Manager:
         template = self.template(template_name)
         within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
         env = env or {}
+        validate_env(env)  # before any cell is made: the daemon would refuse it at init
         # Pooled cells were initialised before anyone's env was known.
         warm = None if env else await self.pools[template_name].claim()
         if warm is None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import redis.exceptions
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -15,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from sandcell import __version__
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model, read_body
-from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.manager.manager import Manager, within_lifetime
 from sandcell.router import schemas
@@ -26,6 +29,7 @@ from sandcell.router.proxy import DaemonProxy
 from sandcell.store import SandboxRecord, Store
 
 MAX_API_BODY = 1_048_576
+log = logging.getLogger("sandcell.router")
 
 
 @dataclass
@@ -225,6 +229,24 @@ OPERATIONS = (
 )
 
 
+# A store that cannot be reached is a passing outage for the caller (retry), not a bug.
+STORE_OUTAGES = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    sqlite3.OperationalError,
+)
+
+
+async def _store_unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+    error = SandcellError(
+        ErrorCode.OVERLOADED,
+        "the store is unavailable; retry shortly",
+        headers={"Retry-After": "1"},
+    )
+    return error_response(error)
+
+
 def create_app(router: Router) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -235,9 +257,8 @@ def create_app(router: Router) -> Starlette:
             await router.manager.stop()
             await router.proxy.close()
 
-    app = Starlette(
-        routes=routes(OPERATIONS), exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan
-    )
+    handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
+    app = Starlette(routes=routes(OPERATIONS), exception_handlers=handlers, lifespan=lifespan)
     app.state.router = router
     app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
     app.add_middleware(RequestContext, router=router)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,6 +29,7 @@ STREAM_UPLOADS_FROM = 1_048_576
 CONNECT_TIMEOUT_S = 2.0
 DEFAULT_READ_TIMEOUT_S = 120.0
 EXEC_TIMEOUT_MARGIN_S = 30.0
+MAX_EXEC_TIMEOUT_S = 86_400.0
 CLOSE_GRACE_S = 120.0
 # The router's own server sets these on every response: not copied from the daemon's.
 SERVER_HEADERS = {"date", "server"}
@@ -168,12 +170,19 @@ async def _relay(response: httpx.Response, sandbox_id: str) -> AsyncIterator[byt
 
 
 def _daemon_target(request: Request, rest: str) -> str:
-    """The daemon's path for `rest`, kept byte-for-byte as the client encoded it."""
+    """The daemon's path for `rest`, kept byte-for-byte as the client encoded it.
+
+    Only /v1/... of the daemon is reachable: dot segments (which the HTTP client would
+    resolve, e.g. to /init) and slashes encoded into the sandbox id are refused.
+    """
+    if any(segment in (".", "..") for segment in rest.split("/")):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
-    marker = b"/v1/sandboxes/"
-    tail = raw[raw.index(marker) + len(marker) :].split(b"/", 1)[1] if rest else b""
+    prefix = f"/v1/sandboxes/{request.path_params['sandbox_id']}/".encode()
+    if not raw.startswith(prefix):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the path is not a plain sandbox path")
     query = request.scope.get("query_string", b"")
-    target = b"/v1/" + tail + (b"?" + query if query else b"")
+    target = b"/v1/" + raw[len(prefix) :] + (b"?" + query if query else b"")
     return target.decode("latin-1")
 
 
@@ -192,10 +201,15 @@ async def _body(request: Request, rest: str) -> tuple[bytes | None, Any]:
 
 
 def _read_timeout(rest: str, body: bytes | None) -> float:
-    if rest == "exec" and body:
-        try:
-            timeout = float(json.loads(body).get("timeout_s", 60))
-        except (ValueError, AttributeError, TypeError):
-            timeout = 60.0
-        return max(timeout, 0) + EXEC_TIMEOUT_MARGIN_S
-    return DEFAULT_READ_TIMEOUT_S
+    """How long the daemon may take: an exec's own timeout plus a margin, else a default.
+    The body is the client's and unchecked yet: anything odd falls back to the default
+    (the daemon answers it with a 400)."""
+    if rest != "exec" or not body:
+        return DEFAULT_READ_TIMEOUT_S
+    try:
+        timeout = float(json.loads(body).get("timeout_s", 60))
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        timeout = 60.0
+    if not math.isfinite(timeout):
+        timeout = 60.0
+    return min(max(timeout, 0.0), MAX_EXEC_TIMEOUT_S) + EXEC_TIMEOUT_MARGIN_S
