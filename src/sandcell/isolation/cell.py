@@ -43,6 +43,7 @@ from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
 STAGE = "/run/sandcell-stage"
+UID_REGISTRY = Path("/run/sandcell-uids")
 DEFAULT_UID_BASE = 200_000
 DEFAULT_UID_COUNT = 10_000
 START_TIMEOUT_S = 20.0
@@ -140,6 +141,11 @@ class LocalCells:
             proc.wait()
         disk.release_workspace(cell_dir / "workspace")
         shutil.rmtree(cell_dir, ignore_errors=True)
+        if info is not None and self.privileged:
+            with contextlib.suppress(OSError):
+                claim = UID_REGISTRY / str(info.uid)
+                if claim.read_text() == str(cell_dir):
+                    claim.unlink()
 
     def list(self) -> list[CellInfo]:
         infos = []
@@ -164,7 +170,7 @@ class LocalCells:
     def _start(
         self, cell_dir: Path, cell_id: str, policy: CellPolicy, sandbox_id: str, pem: bytes
     ) -> CellInfo:
-        uid = self._allocate_uid() if self.privileged else os.geteuid()
+        uid = self._allocate_uid(cell_dir) if self.privileged else os.geteuid()
         workspace, run_dir = cell_dir / "workspace", cell_dir / "run"
         quota = policy.require("disk_quota", *disk.loop_quota_available())
         if quota:
@@ -188,12 +194,24 @@ class LocalCells:
         self._spawn(cell_dir, info, policy, sandbox_id, pem, cgroup)
         return info
 
-    def _allocate_uid(self) -> int:
-        with self._lock:
-            used = {i.uid for i in self.list()}
-            for uid in range(self.uid_base, self.uid_base + self.uid_count):
-                if uid not in used:
-                    return uid
+    def _allocate_uid(self, cell_dir: Path) -> int:
+        """A host uid no other cell on this host holds, whichever sandcell made it: claims
+        are files in a host-wide registry naming the claiming cell's directory; a claim
+        whose directory is gone (a crash, a destroyed cell) is free again."""
+        UID_REGISTRY.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for uid in range(self.uid_base, self.uid_base + self.uid_count):
+            claim = UID_REGISTRY / str(uid)
+            for _ in range(2):
+                try:
+                    fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    if not _stale_claim(claim):
+                        break
+                    claim.unlink(missing_ok=True)
+                    continue
+                with os.fdopen(fd, "w") as f:
+                    f.write(str(cell_dir))
+                return uid
         raise CellError("no free cell uid left in the configured range")
 
     def _make_cgroup(self, cell_id: str, policy: CellPolicy) -> cgroups.CellCgroup | None:
@@ -358,6 +376,13 @@ def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
     below memory_mb so that filling them is an ENOSPC for the writer, not an OOM kill."""
     mib = 1024 * 1024
     return min(policy.disk_mb, policy.memory_mb // 2) * mib, policy.memory_mb // 8 * mib
+
+
+def _stale_claim(claim: Path) -> bool:
+    try:
+        return not Path(claim.read_text()).is_dir()
+    except OSError:
+        return False  # being written right now, or unreadable: not ours to take
 
 
 def _cgroup_name(cell_id: str) -> str:
