@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -133,7 +133,7 @@ async def exec_command(request: Request) -> Response:
     if NDJSON in request.headers.get("accept", ""):
         return StreamingResponse(_stream(d.runner, spec), media_type=NDJSON)
     result = await d.runner.run(spec)
-    return StreamingResponse(result.iter_json(), media_type="application/json")
+    return StreamingResponse(_in_loop(result.iter_json()), media_type="application/json")
 
 
 async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
@@ -155,6 +155,13 @@ async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
         yield _line({"type": "exit", **task.result().summary()})
     finally:
         task.cancel()  # the client went away: the command's whole tree is killed
+
+
+async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """Starlette runs a plain iterator in a worker thread: a cell out of pids (a fork bomb
+    at pids_max) could then not even answer. Encoding JSON is CPU work: stay in the loop."""
+    for piece in pieces:
+        yield piece
 
 
 def _line(obj: dict[str, Any]) -> bytes:
