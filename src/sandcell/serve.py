@@ -40,6 +40,9 @@ async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
         await backend.aclose()
 
 
+KEEP_ALIVE_S = 75
+
+
 class JsonFormatter(logging.Formatter):
     FIELDS = ("request_id", "status", "route", "duration_ms")
 
@@ -89,5 +92,8 @@ async def serve(settings: Settings) -> None:
             access_log=False,
             log_level="warning",
             lifespan="on",
+            # Longer than any client's idle pool timeout: a server closing an idle keep-alive
+            # connection while a client reuses it loses that request (httpx keeps 5 s).
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         await uvicorn.Server(config).serve()
