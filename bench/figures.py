@@ -22,6 +22,8 @@ from sandcell.isolation.policy import CellPolicy
 
 Row = dict[str, Any]
 TEMPLATE = """
+[server]
+max_sandboxes_per_key = 1000
 [templates.default]
 warm_pool = {warm_pool}
 """
@@ -90,8 +92,13 @@ class Server:
         raise TimeoutError("warm pool did not refill")
 
     def close(self) -> None:
+        """Stops the server and destroys what a failed run left (live sandboxes outlive a
+        server stop by design)."""
         self.http.close()
         self.srv.stop()
+        cells = LocalCells(self.srv.data_dir / "cells")
+        for cell_id in [i.cell_id for i in cells.list()] + cells.leftovers():
+            cells.destroy(cell_id)
 
 
 def exec_round_trips(server: Server, n: int) -> list[Row]:
