@@ -96,9 +96,7 @@ class Server:
         server stop by design)."""
         self.http.close()
         self.srv.stop()
-        cells = LocalCells(self.srv.data_dir / "cells")
-        for cell_id in [i.cell_id for i in cells.list()] + cells.leftovers():
-            cells.destroy(cell_id)
+        LocalCells(self.srv.data_dir / "cells").destroy_all()
 
 
 def exec_round_trips(server: Server, n: int) -> list[Row]:

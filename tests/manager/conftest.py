@@ -38,6 +38,4 @@ def make_manager(
         return Manager(store, backend, built, await load_bootstrap_key(store), reap_interval_s=3600)
 
     yield make
-    cells = LocalCells(tmp_path / "cells", cgroup_parent=cgroup_parent)
-    for cell_id in [i.cell_id for i in cells.list()] + cells.leftovers():
-        cells.destroy(cell_id)
+    LocalCells(tmp_path / "cells", cgroup_parent=cgroup_parent).destroy_all()

@@ -88,11 +88,7 @@ def scrub_cells(data_dir: Path) -> list[str]:
     """Destroys every cell still in a server's data dir (live sandboxes outlive a stop)."""
     if not (data_dir / "cells").is_dir():
         return []
-    cells = LocalCells(data_dir / "cells", cgroup_parent=CGROUP_PARENT)
-    ids = [i.cell_id for i in cells.list()] + cells.leftovers()
-    for cell_id in ids:
-        cells.destroy(cell_id)
-    return ids
+    return LocalCells(data_dir / "cells", cgroup_parent=CGROUP_PARENT).destroy_all()
 
 
 def cell_of(server: RunningServer, client: httpx.Client, sandbox_id: str) -> str:

@@ -21,9 +21,7 @@ def stop_and_clean(server: RunningServer) -> None:
     """Stops the server, then destroys every cell it left: stopping leaves live sandboxes
     running (a restart adopts them), and a test that failed may have left some."""
     server.stop()
-    cells = LocalCells(server.data_dir / "cells", cgroup_parent="sandcell")
-    for cell_id in [c.cell_id for c in cells.list()] + cells.leftovers():
-        cells.destroy(cell_id)
+    LocalCells(server.data_dir / "cells", cgroup_parent="sandcell").destroy_all()
 
 
 @dataclass

@@ -154,6 +154,14 @@ class LocalCells:
                 infos.append(info)
         return infos
 
+    def destroy_all(self) -> list[str]:
+        """Destroys every cell under this directory, records or not; returns their ids
+        (shutting a host down, cleaning up after tests and benchmarks)."""
+        ids = [i.cell_id for i in self.list()] + self.leftovers()
+        for cell_id in ids:
+            self.destroy(cell_id)
+        return ids
+
     def leftovers(self) -> list[str]:
         """Cell directories without a readable record (a crash mid-create): to destroy."""
         return [c.name for c in self.cells_dir.iterdir() if self._read_info(c) is None]
