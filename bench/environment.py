@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from sandcell import tokens
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 from sandcell.settings import load_settings
 from sandcell.store import Sealer, load_store_key, open_store
 

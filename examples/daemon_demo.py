@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from sandcell import tokens
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 
 
 def main(command: str) -> int:

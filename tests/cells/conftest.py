@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sandcell import tokens
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 from sandcell.isolation import cgroups
 from sandcell.isolation.cell import (
     DEFAULT_UID_BASE,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 from support.daemons import RunningDaemon, launch_daemon
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sandcell.daemon.client import DaemonClient
-from sandcell.daemon.environment import FIXED_PATH, build_env
+from sandcell.cellapi.client import DaemonClient
+from sandcell.cellapi.environment import FIXED_PATH, build_env
 from support.daemons import ALLOWED_FROM_HOST, HOST_SECRETS, RunningDaemon
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 from support.daemons import RunningDaemon
 
 

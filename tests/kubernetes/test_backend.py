@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from sandcell import tokens
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 from sandcell.errors import SandcellError
 from sandcell.manager.init import initialize
 from sandcell.manager.k8s.backend import KubernetesBackend

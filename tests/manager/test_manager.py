@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandcell import tokens
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 from sandcell.errors import SandcellError
 from sandcell.manager.backend import LocalBackend
 from sandcell.manager.init import InitFailed

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from sandcell import tokens
-from sandcell.daemon.client import DaemonClient
+from sandcell.cellapi.client import DaemonClient
 
 HOST_SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "host-aws-secret-do-not-leak",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 URL_ENV = "SANDCELL_URL"
@@ -40,13 +41,19 @@ class RetryPolicy:
 @dataclass(frozen=True)
 class ClientConfig:
     """`url` of the router, `api_key`, the default request `timeout` (seconds; commands get
-    their own timeout plus a margin), the `connect_timeout`, and the retry policy."""
+    their own timeout plus a margin), the `connect_timeout`, and the retry policy.
+
+    `transport` (an `httpx.BaseTransport`, for `Sandbox`) and `async_transport` (an
+    `httpx.AsyncBaseTransport`, for `AsyncSandbox`) replace the network: an
+    `httpx.MockTransport` or an ASGI transport runs the SDK's logic in-process."""
 
     url: str = DEFAULT_URL
     api_key: str | None = None
     timeout: float = 60.0
     connect_timeout: float = 5.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    transport: Any = field(default=None, compare=False)
+    async_transport: Any = field(default=None, compare=False)
 
     @classmethod
     def resolve(

@@ -121,7 +121,7 @@ class OpRun(Generic[T]):
 class SyncTransport:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
-        self._client = httpx.Client(**_client_options(config))
+        self._client = httpx.Client(**_client_options(config), transport=config.transport)
 
     def close(self) -> None:
         self._client.close()
@@ -195,7 +195,9 @@ class SyncTransport:
 class AsyncTransport:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
-        self._client = httpx.AsyncClient(**_client_options(config))
+        self._client = httpx.AsyncClient(
+            **_client_options(config), transport=config.async_transport
+        )
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell import __version__
-from sandcell.daemon import schemas
+from sandcell.cellapi import schemas
+from sandcell.cellapi.environment import build_env, validate_env
 from sandcell.daemon.auth import Guard
 from sandcell.daemon.config import DaemonConfig
-from sandcell.daemon.environment import build_env, validate_env
 from sandcell.daemon.files import Files
 from sandcell.daemon.runner import CommandSpec, Runner
 from sandcell.daemon.workspace import Workspace

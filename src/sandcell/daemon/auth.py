@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from sandcell import tokens
-from sandcell.daemon.environment import validate_env
+from sandcell.cellapi.environment import validate_env
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.ratelimit import TokenBucket, retry_after_header
 

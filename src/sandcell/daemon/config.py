@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell.daemon.environment import DEFAULT_INHERIT
+from sandcell.cellapi.environment import DEFAULT_INHERIT
 from sandcell.tokens import PublicKey, load_public_key
 
 DEFAULT_WORKSPACE = "/workspace"

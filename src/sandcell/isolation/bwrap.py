@@ -10,7 +10,6 @@ CELL_HOSTNAME = "sandcell"
 CELL_WORKSPACE = "/workspace"
 CELL_RUN_DIR = "/run/sandcell"
 CELL_SOCKET = f"{CELL_RUN_DIR}/daemon.sock"
-FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 SYSTEM_DIRS = ("/usr",)
 # Merged-/usr systems have these as symlinks into /usr; bwrap recreates them.

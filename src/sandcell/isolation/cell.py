@@ -27,14 +27,16 @@ from pathlib import Path
 
 import httpx
 
-from sandcell.daemon.client import transport_for
+from sandcell.cellapi import health
+from sandcell.cellapi.argv import daemon_args
+from sandcell.cellapi.client import transport_for
+from sandcell.cellapi.environment import FIXED_PATH
 from sandcell.isolation import cgroups, disk, landlock, seccomp
 from sandcell.isolation.bwrap import (
     CELL_RUN_DIR,
     CELL_SOCKET,
     CELL_UID,
     CELL_WORKSPACE,
-    FIXED_PATH,
     SYSTEM_LINKS,
     Bind,
     build_argv,
@@ -167,11 +169,7 @@ class LocalCells:
         return [c.name for c in self.cells_dir.iterdir() if self._read_info(c) is None]
 
     def alive(self, info: CellInfo) -> bool:
-        try:
-            with httpx.Client(transport=transport_for({"uds": info.uds})[0], timeout=2) as c:
-                return c.get("http://cell/health").status_code == 200
-        except httpx.HTTPError:
-            return False
+        return health.probe_sync({"uds": info.uds})
 
     # -- internals -------------------------------------------------------------------------
 
@@ -250,21 +248,14 @@ class LocalCells:
         etc = {f"/etc/{name}": f"{etc_dir}/{name}" for name in ETC_FILES}
         links = {p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)}
         seccomp_fd = _memfd("sandcell-seccomp", seccomp.build_filter()) if use_seccomp else None
-        daemon = [
-            cell_python(),
-            "-s",
-            "-B",
-            "-m",
-            "sandcell.daemon",
-            "--uds",
-            CELL_SOCKET,
-            "--disk-quota-mb",
-            str(policy.disk_mb),
-            "--inherit-env",
-            ",".join(policy.inherit_env),
-        ]
-        if use_landlock:
-            daemon += ["--landlock", *(["--deny-tcp"] if policy.network == "none" else [])]
+        args = daemon_args(
+            uds=CELL_SOCKET,
+            disk_quota_mb=policy.disk_mb,
+            inherit_env=policy.inherit_env,
+            landlock=use_landlock,
+            deny_tcp=policy.network == "none",
+        )
+        daemon = [cell_python(), "-s", "-B", "-m", "sandcell.daemon", *args]
         env = {
             "PATH": FIXED_PATH,
             "HOME": CELL_WORKSPACE,
@@ -353,14 +344,13 @@ class LocalCells:
     def _wait_healthy(self, cell_id: str, uds: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         proc = self._procs.get(cell_id)
-        with httpx.Client(transport=transport_for({"uds": str(uds)})[0], timeout=2) as client:
+        transport, base = transport_for({"uds": str(uds)})
+        with httpx.Client(transport=transport, base_url=base, timeout=2) as client:
             while time.monotonic() < deadline:
                 if proc is not None and proc.poll() is not None:
                     raise CellError(f"cell exited during start-up: {self._log_tail(cell_id)}")
-                if uds.exists():
-                    with contextlib.suppress(httpx.HTTPError):
-                        if client.get("http://cell/health").status_code == 200:
-                            return
+                if uds.exists() and health.probe_sync({}, client=client):
+                    return
                 time.sleep(0.005)
         raise CellError(f"cell did not become healthy: {self._log_tail(cell_id)}")
 

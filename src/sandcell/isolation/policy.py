@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sandcell.daemon.environment import DEFAULT_INHERIT
+from sandcell.cellapi.environment import DEFAULT_INHERIT
 
 # Every layer a host may be unable to enforce; a template lists the ones it lets degrade.
 LAYERS = ("namespaces", "seccomp", "landlock", "cgroups", "disk_quota")

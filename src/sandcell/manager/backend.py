@@ -7,9 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
-from sandcell.daemon.client import async_transport
+from sandcell.cellapi import health
 from sandcell.isolation.cell import LocalCells, new_cell_id
 from sandcell.isolation.policy import CellPolicy
 
@@ -38,17 +36,6 @@ class Backend(Protocol):
     def owns(self, cell: dict[str, Any]) -> bool:
         """Whether this backend instance made the cell (replicas reconcile only their own)."""
         ...
-
-
-async def probe_health(endpoint: dict[str, Any], timeout_s: float = 2.0) -> bool:
-    transport, base = async_transport(endpoint)
-    try:
-        async with httpx.AsyncClient(
-            transport=transport, base_url=base, timeout=timeout_s
-        ) as client:
-            return (await client.get("/health")).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class LocalBackend:
@@ -97,4 +84,4 @@ class LocalBackend:
         return [self._handle(i.cell_id, i.uds) for i in infos]
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool:
-        return await probe_health(endpoint)
+        return await health.probe(endpoint)

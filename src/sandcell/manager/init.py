@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from sandcell import tokens
-from sandcell.daemon.client import async_transport
+from sandcell.cellapi.client import async_transport
 
 FIRST_BACKOFF_S = 0.01
 MAX_BACKOFF_S = 1.0

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from sandcell import tokens
-from sandcell.daemon.environment import validate_env
+from sandcell.cellapi.environment import validate_env
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.manager.backend import Backend, CellHandle

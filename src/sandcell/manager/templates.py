@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sandcell.daemon.environment import DEFAULT_INHERIT
+from sandcell.cellapi.environment import DEFAULT_INHERIT
 from sandcell.isolation.policy import LAYERS, CellPolicy
 
 DEFAULT_TEMPLATE = "default"

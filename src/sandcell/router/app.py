@@ -39,12 +39,18 @@ class Limits:
 
 
 class Router:
-    def __init__(self, store: Store, manager: Manager, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        manager: Manager,
+        limits: Limits | None = None,
+        proxy: DaemonProxy | None = None,
+    ) -> None:
         self.store = store
         self.manager = manager
         self.limits = limits or Limits()
         self.auth = Authenticator(store)
-        self.proxy = DaemonProxy(store)
+        self.proxy = proxy or DaemonProxy(store)
         self.metrics = RouterMetrics()
 
     async def principal(self, request: Request) -> Principal:

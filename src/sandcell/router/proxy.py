@@ -10,7 +10,7 @@ import asyncio
 import json
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from sandcell import tokens
-from sandcell.daemon.client import async_transport
+from sandcell.cellapi.client import async_transport
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import declared_length, read_body
 from sandcell.store import SandboxRecord, Store
@@ -67,9 +67,22 @@ class _Lru(OrderedDict[str, Any]):
         return None
 
 
+TransportFactory = Callable[[dict[str, Any]], tuple[httpx.AsyncBaseTransport, str]]
+
+
 class DaemonProxy:
-    def __init__(self, store: Store, key_cache_size: int = 4096, max_clients: int = 1024) -> None:
+    """`transport_for` maps a daemon endpoint to an httpx transport and base URL; tests pass
+    one that serves a daemon app in-process (`httpx.ASGITransport`)."""
+
+    def __init__(
+        self,
+        store: Store,
+        key_cache_size: int = 4096,
+        max_clients: int = 1024,
+        transport_for: TransportFactory = async_transport,
+    ) -> None:
         self.store = store
+        self._transport_for = transport_for
         self._keys = _Lru(key_cache_size)
         self._clients = _Lru(max_clients)
 
@@ -99,7 +112,7 @@ class DaemonProxy:
         ident = _ident(endpoint)
         client = self._clients.get_fresh(ident)
         if client is None:
-            transport, base = async_transport(endpoint)
+            transport, base = self._transport_for(endpoint)
             client = httpx.AsyncClient(transport=transport, base_url=base)
             evicted = self._clients.put(ident, client)
             if evicted is not None:

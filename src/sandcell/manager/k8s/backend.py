@@ -14,9 +14,10 @@ from lightkube.config.models import Cluster, User
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
+from sandcell.cellapi import health
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import CellPolicy
-from sandcell.manager.backend import CellHandle, probe_health
+from sandcell.manager.backend import CellHandle
 from sandcell.manager.k8s.config import KubernetesConfig
 from sandcell.manager.k8s.pods import STOP_GRACE_S, owner_labels, pod_manifest
 from sandcell.manager.templates import ConfigError, Template
@@ -223,7 +224,7 @@ class KubernetesBackend:
         return handles
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool:
-        return await probe_health(endpoint)
+        return await health.probe(endpoint)
 
     async def aclose(self) -> None:
         await self.client.aclose()

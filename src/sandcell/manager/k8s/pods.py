@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandcell.cellapi.argv import daemon_args
 from sandcell.isolation.policy import CellPolicy
 from sandcell.manager.k8s.config import KubernetesConfig
 
@@ -59,11 +60,11 @@ def pod_manifest(
                 "command": [
                     "sandcell",
                     "daemon",
-                    "--listen",
-                    f"0.0.0.0:{config.daemon_port}",
-                    "--disk-quota-mb",
-                    str(policy.disk_mb),
-                    f"--inherit-env={','.join(policy.inherit_env)}",
+                    *daemon_args(
+                        listen=f"0.0.0.0:{config.daemon_port}",
+                        disk_quota_mb=policy.disk_mb,
+                        inherit_env=policy.inherit_env,
+                    ),
                 ],
                 "env": [
                     {"name": "SANDCELL_SANDBOX_ID", "value": sandbox_id},

@@ -1,0 +1,29 @@
+"""The daemon's command line, as the host starts it (cells and pods share one builder)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def daemon_args(
+    *,
+    uds: str | None = None,
+    listen: str | None = None,
+    disk_quota_mb: int,
+    inherit_env: Sequence[str],
+    landlock: bool = False,
+    deny_tcp: bool = False,
+) -> list[str]:
+    """Arguments after the entry point (`python -m sandcell.daemon` or `sandcell daemon`)."""
+    if (uds is None) == (listen is None):
+        raise ValueError("exactly one of uds and listen")
+    where = ["--uds", uds] if uds is not None else ["--listen", str(listen)]
+    args = [
+        *where,
+        "--disk-quota-mb",
+        str(disk_quota_mb),
+        f"--inherit-env={','.join(inherit_env)}",
+    ]
+    if landlock:
+        args += ["--landlock", *(["--deny-tcp"] if deny_tcp else [])]
+    return args
