@@ -1,0 +1,144 @@
+"""`DaemonProxy` against a real daemon app served in-process (`httpx.ASGITransport`).
+
+Signing, body binding, path confinement and error mapping of the proxy run without a cell
+or a socket; the end-to-end tests cover the same path through real processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sandcell import tokens
+from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.daemon.app import create_app as daemon_app
+from sandcell.daemon.config import DaemonConfig
+from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.router.proxy import DaemonProxy
+from sandcell.store import SandboxRecord, Sealer, open_store
+
+SANDBOX_ID = "sbx-inproc"
+
+
+def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
+    config = DaemonConfig(
+        sandbox_id=SANDBOX_ID,
+        bootstrap_key=tokens.load_public_key(tokens.public_pem(bootstrap)),
+        workspace=str(workspace),
+        uds=None,
+        listen=("127.0.0.1", 0),
+        inherit_env=DEFAULT_INHERIT,
+        disk_quota_bytes=8 << 20,
+        landlock=False,
+        deny_tcp=False,
+    )
+    return daemon_app(config, environ={})
+
+
+@pytest.fixture
+async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[str]]]:
+    """A client of a one-route app that forwards to the daemon through a `DaemonProxy`;
+    the list collects the endpoints the proxy asked a transport for."""
+    (tmp_path / "ws").mkdir()
+    bootstrap, session = tokens.generate_p256(), tokens.generate_p256()
+    daemon = _daemon(tmp_path / "ws", bootstrap)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(daemon), base_url="http://d"
+    ) as direct:
+        token = tokens.mint_bootstrap_token(bootstrap, SANDBOX_ID, tokens.public_pem(session))
+        assert (await direct.post("/init", json={"token": token})).status_code == 200
+
+    asked: list[str] = []
+
+    def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.AsyncBaseTransport, str]:
+        asked.append(endpoint["uds"])
+        return httpx.ASGITransport(daemon), "http://daemon"
+
+    now = time.time()
+    record = SandboxRecord(
+        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
+    )
+    async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
+        await store.put_sandbox(record)
+        await store.put_session_key(SANDBOX_ID, tokens.private_pem(session))
+        proxy = DaemonProxy(store, transport_for=transport_for)
+
+        async def forward(request: Request) -> Response:
+            return await proxy.forward(request, record, request.path_params["rest"])
+
+        app = Starlette(
+            routes=[
+                Route(
+                    "/v1/sandboxes/{sandbox_id}/{rest:path}",
+                    forward,
+                    methods=["GET", "POST", "PUT"],
+                )
+            ],
+            exception_handlers=EXCEPTION_HANDLERS,
+        )
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app), base_url="http://router"
+        ) as client:
+            yield client, asked
+        await proxy.close()
+
+
+@pytest.mark.anyio
+async def test_requests_reach_the_daemon_signed_and_body_bound(front: Any) -> None:
+    client, asked = front
+    base = f"/v1/sandboxes/{SANDBOX_ID}"
+    reply = await client.post(f"{base}/exec", json={"command": "echo $((6*7))"})
+    assert reply.status_code == 200 and reply.json()["stdout"] == "42\n"
+    assert (await client.put(f"{base}/files?path=a.txt", content=b"abc")).status_code == 200
+    assert (await client.get(f"{base}/files?path=a.txt")).content == b"abc"
+    assert asked == ["x"]  # one pooled client per daemon endpoint
+
+
+@pytest.mark.anyio
+async def test_only_the_daemons_v1_is_reachable(front: Any) -> None:
+    client, _ = front
+    # Encoded so that the HTTP client sends them as they are; the server decodes them.
+    for path in (
+        f"/v1/sandboxes/{SANDBOX_ID}/%2E%2E/%2E%2E/init",
+        f"/v1/sandboxes/{SANDBOX_ID}%2F..%2Finit/exec",
+    ):
+        reply = await client.post(path, json={})
+        assert reply.status_code == 400, path
+        assert reply.json()["error"]["code"] == "BAD_REQUEST"
+
+
+@pytest.mark.anyio
+async def test_unreachable_daemon_maps_to_502(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    now = time.time()
+    record = SandboxRecord(
+        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
+    )
+    async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
+        await store.put_sandbox(record)
+        await store.put_session_key(SANDBOX_ID, tokens.private_pem(tokens.generate_p256()))
+        proxy = DaemonProxy(
+            store, transport_for=lambda _: (httpx.MockTransport(refuse), "http://daemon")
+        )
+
+        async def forward(request: Request) -> Response:
+            return await proxy.forward(request, record, "exec")
+
+        route = Route("/v1/sandboxes/{sandbox_id}/exec", forward, methods=["POST"])
+        app = Starlette(routes=[route], exception_handlers=EXCEPTION_HANDLERS)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://r") as c:
+            reply = await c.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
+        await proxy.close()
+    assert reply.status_code == 502
+    assert reply.json()["error"]["code"] == "SANDBOX_UNREACHABLE"
