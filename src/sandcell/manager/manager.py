@@ -70,7 +70,13 @@ class Manager:
     # -- service lifecycle ----------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.reconcile()
+        found = await self.reconcile()
+        if found["adopted"] or found["dropped"]:
+            log.info(
+                "from the last run: %d live sandboxes adopted, %d dead ones cleaned up",
+                len(found["adopted"]),
+                len(found["dropped"]),
+            )
         for pool in self.pools.values():
             pool.refill()
         self._reaper = asyncio.ensure_future(self._reap_forever())
@@ -81,8 +87,17 @@ class Manager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for pool in self.pools.values():
-            await pool.drain()
+        drained = sum([await pool.drain() for pool in self.pools.values()])
+        log.info("warm pools drained: %d unclaimed cells destroyed", drained)
+
+    async def shutdown(self, *, delete_sandboxes: bool = False) -> list[str]:
+        """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
+        next start to adopt, or which are deleted first with `delete_sandboxes`."""
+        records = [r for r in await self.store.list_sandboxes() if self.backend.owns(r.cell)]
+        if delete_sandboxes:
+            for record in records:
+                await self.delete_sandbox(record.id)
+        return [r.id for r in records]
 
     # -- sandboxes ------------------------------------------------------------------------
 

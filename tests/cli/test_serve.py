@@ -1,0 +1,133 @@
+"""`sandcell serve` as its operator sees it: the banner, the log formats, a graceful stop that
+closes the store and leaves live sandboxes for the next start. Real processes, real cells."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk.helpers import stop_and_clean
+from support.server import SMALL_TEMPLATE, RunningServer, free_port, sandcell_bin
+
+
+def launch(tmp_path: Path, *args: str, warm_pool: int = 0) -> RunningServer:
+    """`sandcell serve` on a fresh port, ready once its banner says it listens."""
+    config = tmp_path / "sandcell.toml"
+    config.write_text(SMALL_TEMPLATE.format(warm_pool=warm_pool))
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    data = tmp_path / "data"
+    argv = ["serve", "--port", str(port), "--data-dir", str(data), "--config", str(config)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sandcell_bin(), *argv, *args], stderr=out, stdout=out)
+    server = RunningServer(proc, f"http://127.0.0.1:{port}", data, config, log)
+    wait_for(server, "next       the API" if "json" not in args else '"openapi"')
+    return server
+
+
+def wait_for(server: RunningServer, text: str, timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while text not in (output := server.log.read_text()):
+        assert server.proc.poll() is None or text in server.log.read_text(), output
+        assert time.monotonic() < deadline, f"{text!r} never came:\n{output}"
+        time.sleep(0.05)
+    return output
+
+
+def sigterm(server: RunningServer) -> int:
+    server.proc.send_signal(signal.SIGTERM)
+    return server.proc.wait(30)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[RunningServer]]:
+    """Every server a test starts is stopped and its cells destroyed, whatever happens."""
+    started: list[RunningServer] = []
+    yield started
+    for server in started:
+        stop_and_clean(server)
+
+
+def test_banner_graceful_stop_and_adoption(tmp_path: Path, servers: list[RunningServer]) -> None:
+    first = launch(tmp_path, warm_pool=2)
+    servers.append(first)
+    banner = wait_for(first, "warm pool default: full, 2 cells ready")
+    for fact in (
+        f"listening on {first.url} (pid {first.proc.pid}, uvloop)",
+        f"local cells in {first.data_dir / 'cells'}",
+        f"(data dir {first.data_dir})",
+        "isolation  all layers enforced: namespaces, identity, seccomp, landlock, cgroups",
+        "templates  default (warm pool 2)",
+        f"sandcell keys create NAME --data-dir {first.data_dir} --config {first.config}",
+        f"the API: {first.url}/openapi.json",
+    ):
+        assert fact in banner, banner
+    assert banner.count("warm pool default: full") == 1
+
+    key = first.create_key("alice")
+    with first.client(key) as c:
+        sandbox = c.post("/v1/sandboxes", json={}).json()
+        c.put(f"/v1/sandboxes/{sandbox['id']}/files", params={"path": "kept"}, content=b"yes")
+        c.get("/v1/forged%0A2026-12-01 00:00:00 INFO  all fine%1B[2J")
+    access = wait_for(first, "GET /v1/forged")
+    assert "GET /v1/forged\\x0a2026-12-01 00:00:00 INFO  all fine\\x1b[2J 404" in access
+    assert "\x1b" not in access and "\nINFO  all fine" not in access
+
+    assert sigterm(first) == 0
+    said = first.log.read_text()
+    assert "shutting down (SIGTERM): no new connections" in said
+    assert re.search(r"warm pools drained: [12] unclaimed cells destroyed", said)  # a refill?
+    assert "1 sandbox stays running for the next start to adopt" in said
+    assert "Traceback" not in said
+    # The store was closed: SQLite folds its write-ahead log back and removes it.
+    assert sorted(p.name for p in first.data_dir.iterdir()) == ["cells", "sandcell.db", "store.key"]
+
+    second = launch(tmp_path)
+    servers.append(second)
+    assert "1 live sandboxes adopted, 0 dead ones cleaned up" in second.log.read_text()
+    with second.client(key) as c:
+        r = c.get(f"/v1/sandboxes/{sandbox['id']}/files", params={"path": "kept"})
+        assert r.status_code == 200 and r.content == b"yes"
+        assert c.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+    assert sigterm(second) == 0
+    assert "0 sandboxes stay running" in second.log.read_text()
+
+
+def test_json_logs_without_access_log_and_cleanup_on_exit(
+    tmp_path: Path, servers: list[RunningServer]
+) -> None:
+    server = launch(tmp_path, "--log-format", "json", "--no-access-log", "--cleanup-on-exit")
+    servers.append(server)
+    key = server.create_key("alice")
+    with server.client(key) as c:
+        assert c.post("/v1/sandboxes", json={}).status_code == 201
+    assert sigterm(server) == 0
+    assert list((server.data_dir / "cells").iterdir()) == []
+
+    lines = [json.loads(line) for line in server.log.read_text().splitlines()]
+    by_message = {line["message"]: line for line in lines}
+    started = next(line for line in lines if "url" in line)
+    assert started["url"] == server.url and started["level"] == "INFO"
+    assert next(line for line in lines if "data_dir" in line)["data_dir"] == str(server.data_dir)
+    assert next(line for line in lines if "warm_pools" in line)["warm_pools"] == {"default": 0}
+    assert by_message["deleted 1 sandboxes (--cleanup-on-exit)"]["deleted"] == 1
+    assert any(m.startswith("shutting down (SIGTERM)") for m in by_message)
+    assert not [line for line in lines if line["logger"] == "sandcell.access"]
+
+
+def test_bad_log_options_are_refused(tmp_path: Path) -> None:
+    for args in (["--log-format", "xml"], ["--log-level", "loud"]):
+        done = subprocess.run(
+            [sandcell_bin(), "serve", "--data-dir", str(tmp_path), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2 and "must be one of" in done.stderr, done.stderr
