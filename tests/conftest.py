@@ -43,9 +43,11 @@ def _nothing_leaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """A real Redis server on a free loopback port: (its process, its URL)."""
-    port = _free_port()
+def redis_server(
+    workdir: Path, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A real Redis server on loopback (a free port by default): (its process, its URL)."""
+    port = port or _free_port()
     log = workdir / "server.log"
     args = ["--save", "", "--appendonly", "no", "--port", str(port), "--bind", "127.0.0.1"]
     with log.open("wb") as out:

@@ -19,6 +19,11 @@ _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 
 
+def counted(n: int, one: str, many: str) -> str:
+    """`1 sandbox`, `3 sandboxes`: log lines are read by people."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
     """What the caller passed with `extra=`, in the order given."""
     return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}

@@ -15,6 +15,7 @@ import uvicorn
 
 from sandcell.banner import print_banner
 from sandcell.logs import configure as configure_logging
+from sandcell.logs import counted
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.router.app import Limits, Router, create_app
@@ -105,11 +106,12 @@ async def _farewell(manager: Manager, cleanup: bool) -> None:
         log.warning("could not account for live sandboxes at exit: %s", exc)
         return
     if cleanup:
-        log.info("deleted %d sandboxes (--cleanup-on-exit)", len(ids), extra={"deleted": len(ids)})
+        deleted = counted(len(ids), "sandbox", "sandboxes")
+        log.info("deleted %s (--cleanup-on-exit)", deleted, extra={"deleted": len(ids)})
     else:
         log.info(
             "%s running for the next start to adopt",
-            "1 sandbox stays" if len(ids) == 1 else f"{len(ids)} sandboxes stay",
+            counted(len(ids), "sandbox stays", "sandboxes stay"),
             extra={"staying": len(ids)},
         )
 

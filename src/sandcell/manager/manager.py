@@ -14,6 +14,7 @@ from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
+from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.init import InitFailed, initialize
 from sandcell.manager.pool import WarmCell, WarmPool
@@ -73,9 +74,9 @@ class Manager:
         found = await self.reconcile()
         if found["adopted"] or found["dropped"]:
             log.info(
-                "from the last run: %d live sandboxes adopted, %d dead ones cleaned up",
-                len(found["adopted"]),
-                len(found["dropped"]),
+                "from the last run: %s adopted, %s cleaned up",
+                counted(len(found["adopted"]), "live sandbox", "live sandboxes"),
+                counted(len(found["dropped"]), "dead one", "dead ones"),
             )
         for pool in self.pools.values():
             pool.refill()
@@ -88,7 +89,10 @@ class Manager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         drained = sum([await pool.drain() for pool in self.pools.values()])
-        log.info("warm pools drained: %d unclaimed cells destroyed", drained)
+        log.info(
+            "warm pools drained: %s destroyed",
+            counted(drained, "unclaimed cell", "unclaimed cells"),
+        )
 
     async def shutdown(self, *, delete_sandboxes: bool = False) -> list[str]:
         """After `stop`: the ids of the sandboxes this backend runs, which stay running for the

@@ -245,7 +245,8 @@ STORE_OUTAGES = (
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> Response:
-    log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+    # Debug only: sandcell.store.health tells the operator once when the store goes and comes.
+    log.debug("store unavailable on %s %s: %s", request.method, request.url.path, exc)
     error = SandcellError(
         ErrorCode.OVERLOADED,
         "the store is unavailable; retry shortly",

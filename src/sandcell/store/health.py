@@ -30,7 +30,7 @@ async def watch(store: Store, interval_s: float = WATCH_INTERVAL_S) -> None:
                 )
         else:
             if down_since is not None:
-                outage = time.monotonic() - down_since
+                outage = round(time.monotonic() - down_since, 1)
                 log.warning(
                     "store reachable again after %.1f s", outage, extra={"outage_s": outage}
                 )
