@@ -12,7 +12,7 @@ from pathlib import Path
 from sandcell import __version__
 from sandcell.isolation.probe import LayerReport, probe_host
 from sandcell.manager.templates import Template
-from sandcell.settings import Settings
+from sandcell.settings import Settings, default_data_dir
 
 log = logging.getLogger("sandcell.serve")
 
@@ -58,7 +58,9 @@ def _isolation(reports: list[LayerReport], templates: dict[str, Template]) -> No
 
 def keys_command(settings: Settings, config: Path | None) -> str:
     """How to make a key for this very server (same store: same data dir and config)."""
-    argv = ["sandcell", "keys", "create", "NAME", "--data-dir", str(settings.data_dir)]
+    argv = ["sandcell", "keys", "create", "NAME"]
+    if settings.data_dir != default_data_dir():
+        argv += ["--data-dir", str(settings.data_dir)]
     return shlex.join(argv + (["--config", str(config)] if config else []))
 
 
