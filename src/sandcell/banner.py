@@ -31,7 +31,7 @@ def store_label(settings: Settings) -> str:
     return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{location}"
 
 
-def _isolation(reports: list[LayerReport], templates: dict[str, Template]) -> None:
+def tell_isolation(reports: list[LayerReport], templates: dict[str, Template]) -> None:
     missing = [r for r in reports if not r.available]
     names = ", ".join(r.layer for r in reports if r.available)
     if not missing:
@@ -85,7 +85,7 @@ async def print_banner(settings: Settings, config: Path | None, loop_name: str) 
         extra={"store": store_label(settings), "data_dir": str(settings.data_dir)},
     )
     if settings.backend == "local":
-        _isolation(await asyncio.to_thread(probe_host), settings.templates)
+        tell_isolation(await asyncio.to_thread(probe_host), settings.templates)
     else:
         log.info("  isolation  enforced by the cluster's pods (docs/kubernetes.md)")
     pools = {name: t.warm_pool for name, t in settings.templates.items()}

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import uvicorn
 
-from sandcell.banner import print_banner
+from sandcell.banner import print_banner, store_label
 from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
-from sandcell.router.app import Limits, Router, create_app
+from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
 from sandcell.settings import Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
 from sandcell.store import health as store_health
@@ -51,6 +51,7 @@ async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
 KEEP_ALIVE_S = 75
 # After SIGTERM or SIGINT, requests in flight get this long to finish; then they are cut.
 GRACE_S = 10.0
+STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start
 log = logging.getLogger("sandcell.serve")
 
 
@@ -120,11 +121,17 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
     options = options or ServeOptions()
     configure_logging(settings.log_format, options.log_level, options.access_log)
     async with opened_store(settings) as store, opened_backend(settings) as backend:
+        try:
+            bootstrap_key = await load_bootstrap_key(store)
+        except STORE_OUTAGES as exc:
+            unreachable = f"cannot start: the store {store_label(settings)} is unreachable"
+            log.error("%s: %s", unreachable, exc)  # noqa: TRY400 (a clear line, not a traceback)
+            raise SystemExit(STARTUP_FAILURE) from None
         manager = Manager(
             store,
             backend,
             settings.templates,
-            await load_bootstrap_key(store),
+            bootstrap_key,
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
         )
@@ -157,6 +164,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             watcher.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-        if server.started:
-            await _farewell(manager, options.cleanup_on_exit)
+        if not server.started:  # the manager could not start; uvicorn logged why
+            raise SystemExit(STARTUP_FAILURE)
+        await _farewell(manager, options.cleanup_on_exit)
     log.info("store closed; stopped")

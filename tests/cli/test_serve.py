@@ -4,8 +4,10 @@ closes the store and leaves live sandboxes for the next start. Real processes, r
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import redis_server
+from sandcell.banner import tell_isolation
+from sandcell.isolation.probe import LayerReport
+from sandcell.manager.templates import Template
 from sdk.helpers import stop_and_clean
 from support.server import SMALL_TEMPLATE, RunningServer, free_port, sandcell_bin
 
@@ -158,3 +163,44 @@ def test_store_outage_is_told_once_each_way(
         said = wait_for(server, "store reachable again after")
         assert sigterm(server) == 0
     assert said.count("store unreachable") == 1 and said.count("reachable again") == 1
+
+
+def test_a_missing_layer_is_told_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    """What the banner says on a host without cgroups (as `probe_host` reports it)."""
+    reports = [
+        LayerReport("namespaces", True, "bubblewrap"),
+        LayerReport("cgroups", False, "no writable cgroup hierarchy"),
+    ]
+    templates = {
+        "default": Template(),
+        "lax": Template(name="lax", allow_degraded=("cgroups",)),
+    }
+    with caplog.at_level(logging.INFO, logger="sandcell.serve"):
+        tell_isolation(reports, templates)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+    summary, detail = (r.getMessage() for r in caplog.records)
+    assert "DEGRADED: cgroups missing; enforced: namespaces" in summary
+    assert "cgroups is NOT enforced on this host (no writable cgroup hierarchy)" in detail
+    assert "templates ['lax'] run WITHOUT it" in detail
+    assert "templates ['default'] refuse to start (503 ISOLATION_UNAVAILABLE)" in detail
+
+
+def test_a_failed_start_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+    """A port already taken, a store that does not answer: one clear line, exit 3, no cell."""
+    config = tmp_path / "sandcell.toml"
+    data = tmp_path / "data"
+    base = [sandcell_bin(), "serve", "--data-dir", str(data), "--config", str(config)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config.write_text(SMALL_TEMPLATE.format(warm_pool=1))
+        port = str(taken.getsockname()[1])
+        done = subprocess.run([*base, "--port", port], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and "address already in use" in done.stderr, done.stderr
+    assert "warm pools drained: 1 unclaimed cell destroyed" in done.stderr
+    assert list((data / "cells").iterdir()) == []
+
+    config.write_text(f'[server]\nstore = "redis://127.0.0.1:{free_port()}/0"\n')
+    done = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot start: the store redis://127.0.0.1:" in done.stderr
