@@ -13,6 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
+from sandcell import tokens
 from sandcell.banner import print_banner, store_label
 from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted
@@ -117,21 +118,39 @@ async def _farewell(manager: Manager, cleanup: bool) -> None:
         )
 
 
+async def _bootstrap_key(store: Store, settings: Settings) -> tokens.PrivateKey:
+    try:
+        return await load_bootstrap_key(store)
+    except STORE_OUTAGES as exc:
+        unreachable = f"cannot start: the store {store_label(settings)} is unreachable"
+        log.error("%s: %s", unreachable, exc)  # noqa: TRY400 (a clear line, not a traceback)
+        raise SystemExit(STARTUP_FAILURE) from None
+
+
+@contextlib.asynccontextmanager
+async def _watching(server: Server, store: Store) -> AsyncIterator[None]:
+    """While serving: SIGTERM and SIGINT stop the server gracefully; store outages are told."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, server, sig)
+    watcher = asyncio.ensure_future(store_health.watch(store))
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
 async def serve(settings: Settings, options: ServeOptions | None = None) -> None:
     options = options or ServeOptions()
     configure_logging(settings.log_format, options.log_level, options.access_log)
     async with opened_store(settings) as store, opened_backend(settings) as backend:
-        try:
-            bootstrap_key = await load_bootstrap_key(store)
-        except STORE_OUTAGES as exc:
-            unreachable = f"cannot start: the store {store_label(settings)} is unreachable"
-            log.error("%s: %s", unreachable, exc)  # noqa: TRY400 (a clear line, not a traceback)
-            raise SystemExit(STARTUP_FAILURE) from None
         manager = Manager(
             store,
             backend,
             settings.templates,
-            bootstrap_key,
+            await _bootstrap_key(store, settings),
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
         )
@@ -154,16 +173,8 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
         )
         loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
         server = Server(config, lambda: print_banner(settings, options.config, loop_name))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _on_signal, server, sig)
-        watcher = asyncio.ensure_future(store_health.watch(store))
-        try:
+        async with _watching(server, store):
             await server.serve()
-        finally:
-            watcher.cancel()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
         if not server.started:  # the manager could not start; uvicorn logged why
             raise SystemExit(STARTUP_FAILURE)
         await _farewell(manager, options.cleanup_on_exit)
