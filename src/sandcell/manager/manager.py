@@ -137,7 +137,7 @@ class Manager:
             if warm is None:
                 warm = await self._prepare(template, env)
         except BaseException:
-            await _each_step(self._releaser(reservation))
+            await _each_step(lambda: self._release(reservation))
             raise
         now = time.time()
         record = SandboxRecord(
@@ -164,17 +164,14 @@ class Manager:
             await _each_step(
                 lambda: self.backend.destroy(warm.handle.cell),
                 lambda: self.store.delete_sandbox(record.id),
-                self._releaser(reservation),
+                lambda: self._release(reservation),
             )
             raise
         return record
 
-    def _releaser(self, reservation: Reservation | None) -> Callable[[], Awaitable[object]]:
-        async def release() -> None:
-            if reservation is not None:
-                await self.store.release_reservation(reservation)
-
-        return release
+    async def _release(self, reservation: Reservation | None) -> None:
+        if reservation is not None:
+            await self.store.release_reservation(reservation)
 
     async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
         """A started and initialised cell; on any failure nothing of it is left."""
@@ -303,8 +300,8 @@ async def _each_step(*steps: Callable[[], Awaitable[object]]) -> None:
     for step in steps:
         try:
             await step()
-        except Exception:
-            log.exception("clean-up step failed after a failed create")
+        except Exception as exc:  # typically the store being down: told once by its watch
+            log.warning("clean-up after a failed create left work for later: %r", exc)
 
 
 def _key(cell: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
