@@ -14,7 +14,8 @@ from typing import Any
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 ACCESS_LOGGER = "sandcell.access"
-_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# Record attributes that are not fields; uvicorn's `color_message` is its message with ANSI codes.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
 # Control characters (C0, DEL, C1) from request data must not forge or garble a log line.
 _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 

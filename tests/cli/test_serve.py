@@ -195,9 +195,12 @@ def test_a_failed_start_says_why_and_leaves_nothing(tmp_path: Path) -> None:
         taken.listen()
         config.write_text(SMALL_TEMPLATE.format(warm_pool=1))
         port = str(taken.getsockname()[1])
-        done = subprocess.run([*base, "--port", port], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 3 and "address already in use" in done.stderr, done.stderr
-    assert "warm pools drained: 1 unclaimed cell destroyed" in done.stderr
+        argv = [*base, "--port", port, "--log-format", "json"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # uvicorn's own too
+    assert done.returncode == 3, done.stderr
+    assert "address already in use" in lines[0]["message"] and lines[0]["level"] == "ERROR"
+    assert lines[-1]["message"] == "warm pools drained: 1 unclaimed cell destroyed"
     assert list((data / "cells").iterdir()) == []
 
     config.write_text(f'[server]\nstore = "redis://127.0.0.1:{free_port()}/0"\n')
