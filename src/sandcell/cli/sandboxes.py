@@ -216,12 +216,13 @@ def rm(
     for sandbox_id in sandbox_ids:
         try:
             with _reporting():
-                from sandcell.client import Sandbox
+                from sandcell.client import Sandbox, SandboxNotFoundError
 
                 with contextlib.closing(
                     Sandbox.connect(sandbox_id, api_key=api_key, url=url)
                 ) as sbx:
-                    sbx.kill()
+                    if not sbx.kill():  # gone between the two requests
+                        raise SandboxNotFoundError(f"sandbox {sandbox_id} not found")
         except typer.Exit:
             failed = True
     if failed:

@@ -145,9 +145,14 @@ class SandboxBase:
         return self._info
 
     @operation
-    def kill(self) -> Op[None]:
-        """Delete the sandbox and everything in it. Idempotent: killing twice is fine."""
-        yield from call(Request("DELETE", sandbox_path(self.id)), self._policy)
+    def kill(self) -> Op[bool]:
+        """Delete the sandbox and everything in it; True if this call deleted it, False if
+        there was nothing to delete (already gone, or never yours). Killing twice is fine."""
+        try:
+            yield from call(Request("DELETE", sandbox_path(self.id)), self._policy)
+        except SandboxNotFoundError:
+            return False
+        return True
 
     @property
     def _policy(self) -> RetryPolicy:
