@@ -11,6 +11,7 @@ import uvicorn
 
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
+from sandcell.network.egress import EgressService, policy_from_store
 from sandcell.router.app import Limits, Router, create_app
 from sandcell.settings import Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
@@ -27,9 +28,13 @@ async def opened_store(settings: Settings) -> AsyncIterator[Store]:
 
 
 @contextlib.asynccontextmanager
-async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
+async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Backend]:
     if settings.backend == "local":
-        yield LocalBackend(settings.cells_dir)
+        egress = EgressService(policy_from_store(store))
+        try:
+            yield LocalBackend(settings.cells_dir, egress=egress)
+        finally:
+            await egress.close()
         return
     from sandcell.manager.k8s.backend import KubernetesBackend  # lightkube only when used
 
@@ -72,7 +77,7 @@ def configure_logging(log_format: str) -> None:
 
 async def serve(settings: Settings) -> None:
     configure_logging(settings.log_format)
-    async with opened_store(settings) as store, opened_backend(settings) as backend:
+    async with opened_store(settings) as store, opened_backend(settings, store) as backend:
         manager = Manager(
             store,
             backend,
@@ -82,7 +87,10 @@ async def serve(settings: Settings) -> None:
             reap_interval_s=settings.reap_interval_s,
         )
         limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
-        app = create_app(Router(store, manager, limits))
+        router = Router(store, manager, limits)
+        if isinstance(backend, LocalBackend) and backend.egress is not None:
+            backend.egress.metrics.register(router.metrics.registry)
+        app = create_app(router)
         config = uvicorn.Config(
             app,
             host=settings.host,

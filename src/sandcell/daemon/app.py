@@ -237,6 +237,16 @@ async def move_file(request: Request) -> Response:
     return JSONResponse(d.files.move(req.source, req.to, req.overwrite))
 
 
+async def exposed_port(request: Request) -> Response:
+    """SPEC §11: relayed to 127.0.0.1:{port}, the cell's own loopback."""
+    from sandcell.network import ports  # h11 loads on the first relayed request only
+
+    d = _daemon(request)
+    body = await read_body(request, MAX_JSON_BODY)
+    d.authorize(request, body, body_required=True)
+    return await ports.relay(request, body)
+
+
 async def openapi_document(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
@@ -331,6 +341,16 @@ OPERATIONS = (
         body=schemas.MoveRequest,
         response=schemas.Entry,
         errors=(403, 404, 409, 503),
+    ),
+    *(
+        Operation(
+            method,
+            "/v1/ports/{port:int}/{path:path}",
+            exposed_port,
+            "Relayed to 127.0.0.1:{port} in the cell",
+            errors=(400, 401, 413, 502),
+        )
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
     ),
     Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
 )

@@ -17,9 +17,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sandcell.network.metrics import EgressMetrics
-from sandcell.network.policy import Decision, IPAddress, NetworkPolicy, decide
+from sandcell.network.policy import NONE, Decision, IPAddress, NetworkPolicy, decide, parse_policy
+
+if TYPE_CHECKING:
+    from sandcell.store import Store
 
 log = logging.getLogger("sandcell.egress")
 
@@ -73,6 +77,20 @@ def host_addresses() -> frozenset[IPAddress]:
             raw = line.split()[0]
             found.add(ipaddress.ip_address(":".join(raw[i : i + 4] for i in range(0, 32, 4))))
     return frozenset(found)
+
+
+def policy_from_store(store: Store) -> PolicyLookup:
+    """The policy stored with the sandbox, read per connection: a change made through any
+    replica applies to the next connection; a sandbox being deleted (or a pool cell no one
+    has claimed) gets none."""
+
+    async def lookup(sandbox_id: str) -> NetworkPolicy:
+        record = await store.get_sandbox(sandbox_id)
+        if record is None or record.state != "running" or not record.network:
+            return NONE
+        return parse_policy(record.network)
+
+    return lookup
 
 
 @dataclass

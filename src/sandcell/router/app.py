@@ -21,7 +21,7 @@ from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import schemas
+from sandcell.router import network, schemas
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
@@ -92,6 +92,7 @@ async def create_sandbox(request: Request) -> Response:
         max_lifetime_s=req.max_lifetime_s,
         env=req.env,
         metadata=req.metadata,
+        network=req.network.policy() if req.network else None,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 
@@ -189,7 +190,7 @@ OPERATIONS = (
         body=schemas.CreateSandbox,
         response=schemas.Sandbox,
         status=201,
-        errors=(413, 429, 503),
+        errors=(403, 413, 429, 503),
     ),
     Operation(
         "GET", "/v1/sandboxes", list_sandboxes, "List your sandboxes", response=schemas.SandboxList
@@ -207,6 +208,7 @@ OPERATIONS = (
         errors=(404,),
     ),
     Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204),
+    *network.OPERATIONS,
     *(
         Operation(
             m,

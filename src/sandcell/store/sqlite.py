@@ -20,7 +20,7 @@ from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Store
 from .crypto import Sealer
 from .records import ApiKeyRecord, SandboxRecord
 
-SCHEMA_VERSION = 1  # kept in PRAGMA user_version
+SCHEMA_VERSION = 2  # kept in PRAGMA user_version
 BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     backend          TEXT NOT NULL,
     endpoint         TEXT NOT NULL,  -- JSON
     cell             TEXT NOT NULL,  -- JSON
+    network          TEXT NOT NULL DEFAULT '{}',  -- JSON, since version 2
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
@@ -87,7 +88,12 @@ def _migrate(conn: sqlite3.Connection) -> None:
             f"store schema version {version} is newer than this sandcell supports "
             f"({SCHEMA_VERSION}); upgrade sandcell"
         )
-    if version < SCHEMA_VERSION:
+    if version == 1:
+        conn.executescript(
+            "BEGIN IMMEDIATE;ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';"
+            f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
+        )
+    elif version < SCHEMA_VERSION:
         # IF NOT EXISTS + IMMEDIATE: processes opening a fresh file together serialise here.
         conn.executescript(
             f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"

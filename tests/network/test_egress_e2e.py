@@ -1,0 +1,305 @@
+"""SPEC §11 end to end: a real `sandcell serve`, real cells, the proxies bridged into them, and
+real servers on the host's loopback as destinations. Each refusal is a real attempt."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from support.server import RunningServer, start_server
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+[server]
+reap_interval_s = 1
+
+[templates.default]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+warm_pool = 1
+network_max = "open"
+network_internal = true
+
+[templates.strict]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+warm_pool = 0
+network = "allowlist"
+network_allow = ["pypi.org", "*.pythonhosted.org"]
+network_max = "allowlist"
+"""
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello from the host, {self.path}".encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _host_server() -> tuple[http.server.ThreadingHTTPServer, int]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    srv = start_server(tmp_path_factory.mktemp("egress") / "data", config_text=CONFIG)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def key(server: RunningServer) -> Iterator[str]:
+    key = server.create_key("alice")
+    yield key
+    with server.client(key) as c:  # a failed test's sandbox too: nothing stays mounted
+        for sbx in c.get("/v1/sandboxes").json()["sandboxes"]:
+            c.delete(f"/v1/sandboxes/{sbx['id']}")
+
+
+@pytest.fixture(scope="module")
+def host_ports() -> Iterator[tuple[int, int]]:
+    """Two HTTP servers on the host's loopback: one to allow, one that stays refused."""
+    a, port_a = _host_server()
+    b, port_b = _host_server()
+    yield port_a, port_b
+    a.shutdown()
+    b.shutdown()
+
+
+@pytest.fixture
+def client(server: RunningServer, key: str) -> Iterator[httpx.Client]:
+    with server.client(key) as c:
+        yield c
+
+
+def create(c: httpx.Client, **body) -> str:
+    r = c.post("/v1/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def run(c: httpx.Client, sandbox_id: str, command: str, **env: str) -> dict:
+    r = c.post(
+        f"/v1/sandboxes/{sandbox_id}/exec",
+        json={"command": command, "env": env, "timeout_s": 30},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# Inside the cell: fetch a URL with urllib, honouring the proxy variables sandcell set.
+FETCH = (
+    "python3 -c 'import sys, urllib.request as u\n"
+    "try:\n print(u.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+    'except Exception as e:\n print("FAILED", getattr(e, "code", ""), e)\' '
+)
+NO_BYPASS = {"NO_PROXY": "", "no_proxy": ""}  # SPEC §11: reaching a host loopback address
+DIRECT = (
+    "python3 -c 'import socket, sys\n"
+    'try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print("OPEN")\n'
+    'except OSError as e:\n print("FAILED", e)\' '
+)
+SOCKS = (
+    "python3 -c 'import socket, struct, sys\n"
+    's = socket.create_connection(("127.0.0.1", 1080), timeout=5)\n'
+    's.sendall(b"\\x05\\x01\\x00"); assert s.recv(2) == b"\\x05\\x00"\n'
+    "host = sys.argv[1].encode()\n"
+    's.sendall(b"\\x05\\x01\\x00\\x03" + bytes([len(host)]) + host'
+    ' + struct.pack("!H", int(sys.argv[2])))\n'
+    'print("REPLY", s.recv(10)[1])\' '
+)
+
+
+def test_with_no_policy_nothing_leaves(client, host_ports):
+    sbx = create(client)
+    port = host_ports[0]
+    env = run(client, sbx, "env")["stdout"]
+    assert "HTTP_PROXY" not in env and "ALL_PROXY" not in env
+    # Direct TCP: the cell's 127.0.0.1 is its own; nothing of the host is there.
+    assert "FAILED" in run(client, sbx, DIRECT + f"127.0.0.1 {port}")["stdout"]
+    # The proxies: there, but refusing.
+    out = run(client, sbx, FETCH + f"http://127.0.0.1:{port}/", HTTP_PROXY="http://127.0.0.1:3128")
+    assert "FAILED 403" in out["stdout"]
+    assert "REPLY 2" in run(client, sbx, SOCKS + f"127.0.0.1 {port}")["stdout"]
+    # DNS: no resolver is reachable from the cell.
+    dns = run(client, sbx, "python3 -c 'import socket; socket.getaddrinfo(\"pypi.org\", 443)'")
+    assert dns["exit_code"] != 0 and "gaierror" in dns["stderr"]
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+def test_an_allow_listed_host_server_is_reached_by_python_and_curl(client, host_ports):
+    allowed, other = host_ports
+    sbx = create(client, network={"egress": "allowlist", "allow": [f"127.0.0.1:{allowed}"]})
+    env = run(client, sbx, "env")["stdout"]
+    assert "HTTP_PROXY=http://127.0.0.1:3128" in env and "ALL_PROXY=socks5h://127.0.0.1:1080" in env
+    out = run(client, sbx, FETCH + f"http://127.0.0.1:{allowed}/py", **NO_BYPASS)
+    assert out["stdout"].strip() == "hello from the host, /py"
+    out = run(client, sbx, f"curl -sS http://127.0.0.1:{allowed}/curl", **NO_BYPASS)
+    assert out["stdout"] == "hello from the host, /curl"
+    # Another port of the same host: refused, by the proxy, with the reason.
+    out = run(client, sbx, f"curl -sS -i http://127.0.0.1:{other}/", **NO_BYPASS)
+    assert out["stdout"].startswith("HTTP/1.1 403") and "host-internal" in out["stdout"]
+    # CONNECT to the refused port; SOCKS to it; the allowed one through SOCKS.
+    out = run(
+        client,
+        sbx,
+        f"curl -sS -p -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{other}/",
+        **NO_BYPASS,
+    )
+    assert "403" in out["stdout"] + out["stderr"]
+    assert "REPLY 2" in run(client, sbx, SOCKS + f"127.0.0.1 {other}")["stdout"]
+    socks = f"curl -sS --socks5-hostname 127.0.0.1:1080 http://127.0.0.1:{allowed}/s"
+    out = run(client, sbx, socks, **NO_BYPASS)
+    assert out["stdout"] == "hello from the host, /s"
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+def test_open_mode_still_refuses_the_router_redis_and_metadata(
+    server, client, host_ports, redis_url
+):
+    sbx = create(client, network={"egress": "open"})
+    router_port = urlsplit(server.url).port
+    redis_port = urlsplit(redis_url).port
+    for target in (
+        f"127.0.0.1:{router_port}",
+        f"127.0.0.1:{redis_port}",
+        "169.254.169.254:80",
+        f"localhost:{host_ports[0]}",
+    ):
+        out = run(client, sbx, f"curl -sS -i http://{target}/", **NO_BYPASS)
+        assert out["stdout"].startswith("HTTP/1.1 403"), (target, out)
+        assert "host-internal" in out["stdout"]
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+def test_a_name_resolving_to_a_refused_address_is_refused(client, host_ports):
+    """`localhost` is allowed by name; it resolves (on the host) to 127.0.0.1, which no entry
+    names by address: refused, whatever the name later resolves to."""
+    sbx = create(client, network={"allow": [f"localhost:{host_ports[0]}"]})
+    out = run(client, sbx, f"curl -sS -i http://localhost:{host_ports[0]}/", **NO_BYPASS)
+    assert out["stdout"].startswith("HTTP/1.1 403") and "127.0.0.1" in out["stdout"]
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+def test_a_live_policy_change_applies_to_new_connections(client, host_ports):
+    port = host_ports[0]
+    sbx = create(client, network={"egress": "allowlist", "allow": []})
+    url = f"http://127.0.0.1:{port}/live"
+    assert "FAILED 403" in run(client, sbx, FETCH + url, **NO_BYPASS)["stdout"]
+    r = client.patch(f"/v1/sandboxes/{sbx}/network", json={"allow": [f"127.0.0.1:{port}"]})
+    assert r.status_code == 200 and r.json()["network"]["allow"] == [f"127.0.0.1:{port}"]
+    assert "hello from the host" in run(client, sbx, FETCH + url, **NO_BYPASS)["stdout"]
+    assert client.patch(f"/v1/sandboxes/{sbx}/network", json={"egress": "none"}).status_code == 200
+    assert "FAILED 403" in run(client, sbx, FETCH + url, **NO_BYPASS)["stdout"]
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+def test_caps_and_malformed_policies(client):
+    r = client.post("/v1/sandboxes", json={"template": "strict", "network": {"egress": "open"}})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
+    r = client.post("/v1/sandboxes", json={"network": {"allow": ["pypi.org", "10.0.0.0/33"]}})
+    assert r.status_code == 400 and "10.0.0.0/33" in r.json()["error"]["message"]
+    r = client.post("/v1/sandboxes", json={"network": {"egress": "everything"}})
+    assert r.status_code == 400
+    r = client.post(
+        "/v1/sandboxes", json={"template": "strict", "network": {"allow": ["127.0.0.1"]}}
+    )
+    assert r.status_code == 403 and "127.0.0.1" in r.json()["error"]["message"]
+    sbx = create(client, template="strict")
+    assert client.get(f"/v1/sandboxes/{sbx}").json()["network"] == {
+        "egress": "allowlist",
+        "allow": ["pypi.org", "*.pythonhosted.org"],
+        "deny": [],
+    }
+    r = client.patch(f"/v1/sandboxes/{sbx}/network", json={"egress": "open"})
+    assert r.status_code == 403
+    r = client.patch(f"/v1/sandboxes/{sbx}/network", json={"allow": ["bad name!"]})
+    assert r.status_code == 400 and "bad name!" in r.json()["error"]["message"]
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+def test_egress_decisions_are_counted_in_metrics(server, client, host_ports):
+    sbx = create(client, network={"allow": [f"127.0.0.1:{host_ports[0]}"]})
+    run(client, sbx, FETCH + f"http://127.0.0.1:{host_ports[0]}/m", **NO_BYPASS)
+    run(client, sbx, FETCH + f"http://127.0.0.1:{host_ports[1]}/m", **NO_BYPASS)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'sandcell_egress_total{decision="allowed"}' in text
+    assert 'sandcell_egress_total{decision="refused"}' in text
+    assert 'sandcell_egress_bytes_total{direction="in"}' in text
+    assert f"sandbox={sbx}" in server.log.read_text()
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+# -- exposed ports and preview URLs -------------------------------------------------------
+
+
+def _serve_in_cell(client: httpx.Client, sbx: str, port: int) -> None:
+    run(
+        client,
+        sbx,
+        f"echo served > index.txt; nohup python3 -m http.server {port} >/tmp/http.log 2>&1 &",
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if client.get(f"/v1/sandboxes/{sbx}/ports/{port}/index.txt").status_code == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the server in the cell did not come up")
+
+
+def test_an_exposed_port_through_the_api_and_a_preview_url(server, client):
+    sbx = create(client)  # egress "none": exposed ports work under every policy
+    assert client.get(f"/v1/sandboxes/{sbx}/ports/8000/").status_code == 502  # nothing there
+    _serve_in_cell(client, sbx, 8000)
+    r = client.get(f"/v1/sandboxes/{sbx}/ports/8000/index.txt")
+    assert r.status_code == 200 and r.text == "served\n"
+    assert client.get(f"/v1/sandboxes/{sbx}/ports/8000/missing").status_code == 404
+    assert httpx.get(f"{server.url}/v1/sandboxes/{sbx}/ports/8000/index.txt").status_code == 401
+    r = client.post(f"/v1/sandboxes/{sbx}/ports/8000/url", json={"expires_in_s": 600})
+    assert r.status_code == 200, r.text
+    url = r.json()["url"]
+    assert url.startswith(server.url + "/p/")
+    assert httpx.get(url + "index.txt").text == "served\n"  # no API key
+    short = client.post(f"/v1/sandboxes/{sbx}/ports/8000/url", json={"expires_in_s": 1})
+    forged = url.replace("/p/", "/p/x")
+    assert httpx.get(forged + "index.txt").status_code == 404
+    tampered = url.split(".8000.")[0] + ".8001." + url.split(".8000.")[1]
+    assert httpx.get(tampered + "index.txt").status_code == 404
+    time.sleep(1.2)
+    assert httpx.get(short.json()["url"] + "index.txt").status_code == 404  # expired
+    assert client.delete(f"/v1/sandboxes/{sbx}").status_code == 204
+    gone = httpx.get(url + "index.txt")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "NOT_FOUND"
+
+
+@pytest.mark.skipif(os.environ.get("SANDCELL_TEST_NETWORK") != "1", reason="needs the internet")
+def test_pip_install_through_an_allow_list(client):
+    sbx = create(client, template="strict")
+    out = run(
+        client,
+        sbx,
+        "python3 -m pip install --user --no-cache-dir six && "
+        "python3 -c 'import six; print(six.__version__)'",
+    )
+    assert out["exit_code"] == 0, out
+    assert json.dumps(out)  # the output names the version installed
+    client.delete(f"/v1/sandboxes/{sbx}")
