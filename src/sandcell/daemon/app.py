@@ -345,7 +345,7 @@ OPERATIONS = (
     *(
         Operation(
             method,
-            "/v1/ports/{port:int}/{path:path}",
+            "/v1/ports/{port}/{path:path}",
             exposed_port,
             "Relayed to 127.0.0.1:{port} in the cell",
             errors=(400, 401, 413, 502),

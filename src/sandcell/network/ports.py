@@ -39,10 +39,10 @@ HOP_BY_HOP = {
 
 
 def target_port(request: Request) -> int:
-    port = request.path_params["port"]
-    if not 0 < port < 65536:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid port {port}", {"port": port})
-    return port
+    text = request.path_params["port"]
+    if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid port {text!r}", {"port": text})
+    return int(text)
 
 
 async def relay(request: Request, body: bytes) -> Response:
