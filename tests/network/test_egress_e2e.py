@@ -303,3 +303,63 @@ def test_pip_install_through_an_allow_list(client):
     assert out["exit_code"] == 0, out
     assert json.dumps(out)  # the output names the version installed
     client.delete(f"/v1/sandboxes/{sbx}")
+
+
+# -- SDK and CLI ----------------------------------------------------------------------------
+
+
+def test_sdk_network_policy_and_preview_url(server, key, host_ports):
+    from sandcell import Sandbox
+    from sandcell.client.errors import BadRequestError, ForbiddenError
+
+    allowed = f"127.0.0.1:{host_ports[0]}"
+    with pytest.raises(ForbiddenError, match="wider"):
+        Sandbox.create("strict", network={"egress": "open"}, url=server.url, api_key=key)
+    closed = {"egress": "allowlist", "allow": []}
+    with Sandbox.create(network=closed, url=server.url, api_key=key) as sbx:
+        fetch = FETCH + f"http://{allowed}/sdk"
+        assert "FAILED 403" in sbx.commands.run(fetch, env=NO_BYPASS).stdout
+        info = sbx.set_network({"allow": [allowed]})
+        assert info.network["allow"] == [allowed] and sbx.info().network["egress"] == "allowlist"
+        assert "hello from the host" in sbx.commands.run(fetch, env=NO_BYPASS).stdout
+        with pytest.raises(BadRequestError, match=r"300\.1\.1\.1"):
+            sbx.set_network({"allow": ["300.1.1.1"]})
+        sbx.commands.run(
+            "echo via-sdk > index.txt; nohup python3 -m http.server 8001 >/dev/null 2>&1 &"
+        )
+        preview = sbx.get_url(8001, expires_in_s=60)
+        deadline = time.monotonic() + 10
+        while (r := httpx.get(preview + "index.txt")).status_code != 200:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.1)
+        assert r.text == "via-sdk\n"
+
+
+def test_cli_create_with_allow_and_url(server, key):
+    import subprocess
+
+    from support.server import sandcell_bin
+
+    env = {**os.environ, "SANDCELL_URL": server.url, "SANDCELL_API_KEY": key}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sandcell_bin(), *args], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    done = cli("create", "--allow", "pypi.org", "--allow", "*.pythonhosted.org")
+    assert done.returncode == 0, done.stderr
+    sbx = done.stdout.strip()
+    with server.client(key) as c:
+        assert c.get(f"/v1/sandboxes/{sbx}").json()["network"] == {
+            "egress": "allowlist",
+            "allow": ["pypi.org", "*.pythonhosted.org"],
+            "deny": [],
+        }
+    done = cli("url", sbx, "8000", "--expires-in", "60")
+    assert done.returncode == 0 and done.stdout.startswith(f"{server.url}/p/sbx-")
+    done = cli("network", sbx, "--egress", "none", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["egress"] == "none"
+    bad = cli("create", "--allow", "not a host")
+    assert bad.returncode == 1 and "BAD_REQUEST" in bad.stderr and "not a host" in bad.stderr
+    assert cli("rm", sbx).returncode == 0
