@@ -363,3 +363,22 @@ def test_cli_create_with_allow_and_url(server, key):
     bad = cli("create", "--allow", "not a host")
     assert bad.returncode == 1 and "BAD_REQUEST" in bad.stderr and "not a host" in bad.stderr
     assert cli("rm", sbx).returncode == 0
+
+
+def test_egress_survives_a_server_restart(tmp_path, host_ports):
+    """A restarted server adopts live sandboxes and makes their proxies' listeners again."""
+    data = tmp_path / "data"
+    first = start_server(data, config_text=CONFIG.replace("warm_pool = 1", "warm_pool = 0"))
+    key = first.create_key("restart")
+    allowed = f"127.0.0.1:{host_ports[0]}"
+    with first.client(key) as c:
+        sbx = create(c, network={"allow": [allowed]})
+    first.stop()
+    second = start_server(data, config_text=first.config.read_text())
+    try:
+        with second.client(key) as c:
+            out = run(c, sbx, FETCH + f"http://{allowed}/again", **NO_BYPASS)
+            assert out["stdout"].strip() == "hello from the host, /again"
+            assert c.delete(f"/v1/sandboxes/{sbx}").status_code == 204
+    finally:
+        second.stop()

@@ -142,6 +142,18 @@ async def test_per_sandbox_connection_limit(proxies):
         w.close()
 
 
+async def test_an_idle_tunnel_is_closed(proxies, echo):
+    proxies.service.limits = EgressLimits(idle_timeout_s=0.3)
+    proxies.set({"egress": "allowlist", "allow": [f"127.0.0.1:{echo}"]})
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxies.http_port)
+    writer.write(f"CONNECT 127.0.0.1:{echo} HTTP/1.0\r\n\r\n".encode())
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"ping")
+    assert await reader.readexactly(4) == b"ping"
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # idle past the limit: closed
+    writer.close()
+
+
 # -- SOCKS5 --------------------------------------------------------------------------------
 
 

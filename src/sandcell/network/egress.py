@@ -223,10 +223,12 @@ class EgressService:
             asyncio.ensure_future(self._pump(upstream[0], client[1], "in", last)),
         ]
         try:
-            _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
-            for task in pending:
-                task.cancel()
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
         finally:
+            # An idle timeout or a reset ends both directions; nothing is left unretrieved.
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
             upstream[1].close()
 
     async def _pump(
