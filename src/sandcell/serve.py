@@ -13,6 +13,7 @@ from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.network.egress import EgressService, policy_from_store
 from sandcell.router.app import Limits, Router, create_app
+from sandcell.router.network import PreviewHosts
 from sandcell.settings import Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
 
@@ -91,6 +92,8 @@ async def serve(settings: Settings) -> None:
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
         app = create_app(router)
+        if settings.preview_domain:
+            app = PreviewHosts(app, settings.preview_domain)
         config = uvicorn.Config(
             app,
             host=settings.host,

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 CONFIG = """
 [server]
 reap_interval_s = 1
+preview_domain = "preview.test"
 
 [templates.default]
 memory_mb = 256
@@ -140,6 +141,17 @@ def test_with_no_policy_nothing_leaves(client, host_ports):
     out = run(client, sbx, FETCH + f"http://127.0.0.1:{port}/", HTTP_PROXY="http://127.0.0.1:3128")
     assert "FAILED 403" in out["stdout"]
     assert "REPLY 2" in run(client, sbx, SOCKS + f"127.0.0.1 {port}")["stdout"]
+    # The listeners are the host's, bound before any tenant code ran: they cannot be taken.
+    grab = run(
+        client,
+        sbx,
+        "python3 -c 'import socket\nfor port in (3128, 1080):\n s = socket.socket()\n"
+        " s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        " s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+        ' try:\n  s.bind(("127.0.0.1", port)); print("BOUND", port)\n'
+        ' except OSError as e:\n  print("REFUSED", e.errno)\'',
+    )
+    assert grab["stdout"].split() == ["REFUSED", "98", "REFUSED", "98"], grab
     # DNS: no resolver is reachable from the cell.
     dns = run(client, sbx, "python3 -c 'import socket; socket.getaddrinfo(\"pypi.org\", 443)'")
     assert dns["exit_code"] != 0 and "gaierror" in dns["stderr"]
@@ -289,6 +301,37 @@ def test_an_exposed_port_through_the_api_and_a_preview_url(server, client):
     assert client.delete(f"/v1/sandboxes/{sbx}").status_code == 204
     gone = httpx.get(url + "index.txt")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "NOT_FOUND"
+
+
+def test_host_based_preview_routing(server, client, key):
+    """`{port}-{id}.{preview_domain}`: the token is traded for a host-only cookie, then the
+    cookie (or the API key) opens the app at the root of its own host."""
+    sbx = create(client)
+    _serve_in_cell(client, sbx, 8002)
+    answer = client.post(f"/v1/sandboxes/{sbx}/ports/8002/url").json()
+    router_port = urlsplit(server.url).port
+    host = f"8002-{sbx}.preview.test:{router_port}"
+    host_url = urlsplit(answer["host_url"])
+    assert host_url.netloc == host
+    with httpx.Client(base_url=server.url, headers={"host": host}) as browser:
+        assert browser.get("/index.txt").status_code == 404  # no cookie, no key
+        traded = browser.get(f"/index.txt?{host_url.query}&x=1")
+        assert traded.status_code == 303 and traded.headers["location"] == "/index.txt?x=1"
+        assert "httponly" in traded.headers["set-cookie"].lower()
+        r = browser.get("/index.txt")  # the cookie jar now holds the token
+        assert r.status_code == 200 and r.text == "served\n"
+        assert browser.get("/").status_code == 200  # the app's root is the host's root
+    with httpx.Client(base_url=server.url, headers={"host": f"8003-{sbx}.preview.test"}) as other:
+        other.cookies.set("sandcell_preview", host_url.query.split("=", 1)[1])
+        assert other.get("/index.txt").status_code == 404  # the token names port 8002
+    keyed = httpx.get(
+        f"{server.url}/index.txt", headers={"host": host, "authorization": f"Bearer {key}"}
+    )
+    assert keyed.status_code == 200
+    client.delete(f"/v1/sandboxes/{sbx}")
+    with httpx.Client(base_url=server.url, headers={"host": host}) as browser:
+        browser.cookies.set("sandcell_preview", host_url.query.split("=", 1)[1])
+        assert browser.get("/index.txt").status_code == 404  # dies with the sandbox
 
 
 @pytest.mark.skipif(os.environ.get("SANDCELL_TEST_NETWORK") != "1", reason="needs the internet")

@@ -7,19 +7,27 @@ ordinary proxied call to the daemon, which relays it inside the cell.
 from __future__ import annotations
 
 import time
+from urllib.parse import urlencode
 
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.openapi import Operation
 from sandcell.network.preview import PREVIEW_KEY_NAME, PreviewSigner, new_key
 from sandcell.router import schemas
+from sandcell.store import SandboxRecord
 
 MAX_BODY = 65_536
 _SBX = "/v1/sandboxes/{sandbox_id}"
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+HOST_PREFIX = "/_preview-host"  # where `PreviewHosts` routes `{port}-{id}.{domain}` requests
+PREVIEW_COOKIE = "sandcell_preview"
+TOKEN_PARAM = "sandcell_token"  # noqa: S105 - a query parameter's name
 
 
 async def set_network(request: Request) -> Response:
@@ -38,29 +46,76 @@ async def preview_url(request: Request) -> Response:
     req = parse_model(schemas.PreviewUrl, body) if body.strip() else schemas.PreviewUrl()
     expires_at = int(time.time()) + req.expires_in_s
     token = (await _signer(request)).mint(record.id, port, expires_at)
-    return JSONResponse(
-        {"url": f"{request.base_url}p/{token}/", "expires_at": schemas.rfc3339(expires_at)}
-    )
+    answer = {"url": f"{request.base_url}p/{token}/", "expires_at": schemas.rfc3339(expires_at)}
+    if domain := getattr(request.app.state, "preview_domain", ""):
+        netloc = f"{port}-{record.id}.{domain}" + (
+            f":{request.url.port}" if request.url.port else ""
+        )
+        answer["host_url"] = f"{request.url.scheme}://{netloc}/?{TOKEN_PARAM}={token}"
+    return JSONResponse(answer)
 
 
 async def preview(request: Request) -> Response:
     """No API key: the token is the credential. Forged, expired, or its sandbox gone: 404."""
-    r = request.app.state.router
     token = request.path_params["token"]
     found = (await _signer(request)).verify(token)
-    record = await r.store.get_sandbox(found[0]) if found else None
-    if found is None or record is None or record.state != "running":
-        raise SandcellError(ErrorCode.NOT_FOUND, "no such preview (expired, invalid or deleted)")
-    port = found[1]
+    record = await _running(request, found[0]) if found else None
+    if found is None or record is None:
+        raise _no_preview()
+    return await _relay(request, record, found[1], f"/p/{token}/")
+
+
+async def preview_host(request: Request) -> Response:
+    """`{port}-{id}.{preview_domain}` (rewritten by `PreviewHosts`): a preview token in the
+    query is traded for a cookie on that host; then the cookie or an API key authorises."""
+    sandbox_id, port = request.path_params["sandbox_id"], request.path_params["port"]
+    prefix = f"{HOST_PREFIX}/{port}/{sandbox_id}"
+    if (token := request.query_params.get(TOKEN_PARAM)) is not None:
+        if (await _signer(request)).verify(token) != (sandbox_id, port):
+            raise _no_preview()
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != TOKEN_PARAM]
+        query = urlencode(kept)
+        location = request.url.path[len(prefix) :] + (f"?{query}" if query else "")
+        response = RedirectResponse(location or "/", status_code=303)
+        response.set_cookie(PREVIEW_COOKIE, token, httponly=True, samesite="lax")
+        return response
+    record = await _host_authorized(request, sandbox_id, port)
+    return await _relay(request, record, port, f"{prefix}/")
+
+
+async def _host_authorized(request: Request, sandbox_id: str, port: int) -> SandboxRecord:
+    r = request.app.state.router
+    if request.headers.get("authorization"):
+        _, record = await r.owned(request)
+        return record
+    cookie = request.cookies.get(PREVIEW_COOKIE, "")
+    genuine = (await _signer(request)).verify(cookie) == (sandbox_id, port)
+    if genuine and (record := await _running(request, sandbox_id)) is not None:
+        return record
+    raise _no_preview()
+
+
+async def _running(request: Request, sandbox_id: str) -> SandboxRecord | None:
+    record = await request.app.state.router.store.get_sandbox(sandbox_id)
+    return record if record is not None and record.state == "running" else None
+
+
+async def _relay(request: Request, record: SandboxRecord, port: int, prefix: str) -> Response:
+    """To the daemon's /v1/ports/{port}/..., keeping the rest of the path byte for byte."""
     rest = request.path_params["path"]
     if any(segment in (".", "..") for segment in rest.split("/")):
         raise SandcellError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
-    tail = raw[len(f"/p/{token}/") :].decode("latin-1")
+    tail = raw[len(prefix) :].decode("latin-1")
     query = request.scope.get("query_string", b"").decode("latin-1")
     target = f"/v1/ports/{port}/{tail}" + (f"?{query}" if query else "")
+    r = request.app.state.router
     await r.store.touch(record.id, time.time())
     return await r.proxy.forward(request, record, f"ports/{port}/{rest}", target=target)
+
+
+def _no_preview() -> SandcellError:
+    return SandcellError(ErrorCode.NOT_FOUND, "no such preview (expired, invalid or deleted)")
 
 
 async def _signer(request: Request) -> PreviewSigner:
@@ -76,6 +131,33 @@ def _port(port: int) -> int:
     if not 0 < port < 65536:
         raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid port {port}", {"port": port})
     return port
+
+
+class PreviewHosts:
+    """ASGI wrapper for `server.preview_domain`: a request for `{port}-{id}.{domain}` is
+    routed to the host-preview route, so a browser sees the app at the root of its own host
+    (absolute links work) while limits, metrics and error handling stay the router's."""
+
+    def __init__(self, app: Starlette, domain: str) -> None:
+        self.app = app
+        self.suffix = "." + domain.lower().strip(".")
+        app.state.preview_domain = domain.lower().strip(".")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (found := self._match(scope)) is not None:
+            prefix = f"{HOST_PREFIX}/{found[0]}/{found[1]}"
+            raw = scope.get("raw_path") or scope["path"].encode()
+            scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw}
+        await self.app(scope, receive, send)
+
+    def _match(self, scope: Scope) -> tuple[int, str] | None:
+        name = Headers(scope=scope).get("host", "").lower().rsplit(":", 1)[0]
+        if not name.endswith(self.suffix):
+            return None
+        port, sep, sandbox_id = name[: -len(self.suffix)].partition("-")
+        if not sep or not port.isdigit() or not sandbox_id or "." in sandbox_id:
+            return None
+        return int(port), sandbox_id
 
 
 # Before the catch-all proxy routes: the first match wins.
@@ -105,6 +187,16 @@ OPERATIONS = (
             preview,
             "A preview URL: relayed to the exposed port, no API key",
             secured=False,
+            errors=(404, 502, 503, 504),
+        )
+        for method in METHODS
+    ),
+    *(
+        Operation(
+            method,
+            f"{HOST_PREFIX}/{{port:int}}/{{sandbox_id}}/{{path:path}}",
+            preview_host,
+            "`{port}-{id}.{preview_domain}` (Host-based routing): a preview cookie or API key",
             errors=(404, 502, 503, 504),
         )
         for method in METHODS

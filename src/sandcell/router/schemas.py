@@ -35,6 +35,7 @@ class PreviewUrl(_Strict):
 class PreviewUrlResponse(BaseModel):
     url: str
     expires_at: str
+    host_url: str | None = None  # with server.preview_domain: the app at its own host's root
 
 
 class CreateSandbox(_Strict):
