@@ -39,6 +39,8 @@ def test_template_network_keys_are_checked_at_start_up():
         {"templates": {"t": {"network": "allowlist", "network_allow": ["pypi.org"]}}}
     )
     assert templates["t"].egress_policy().public()["allow"] == ["pypi.org"]
+    legacy = parse_templates({"templates": {"t": {"network": "loopback"}}})["t"]
+    assert legacy.network == "none"
     with pytest.raises(ConfigError, match="bad host"):
         parse_templates({"templates": {"t": {"network_deny": ["bad host"]}}})
     with pytest.raises(ConfigError, match="wider than network_max"):

@@ -56,6 +56,12 @@ class Template(BaseModel):
             raise ValueError(f"unknown layers {unknown}; known: {list(LAYERS)}")
         return layers
 
+    @field_validator("network", mode="before")
+    @classmethod
+    def _loopback_is_none(cls, value: Any) -> Any:
+        """Before egress policies, "loopback" meant what "none" means now: still accepted."""
+        return "none" if value == "loopback" else value
+
     @model_validator(mode="after")
     def _valid_network(self) -> Template:
         policy = self.egress_policy()  # a malformed entry is a config error at start-up
