@@ -150,7 +150,8 @@ class EgressService:
         async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             entry = self._sandboxes.get(sandbox_id)
             if entry is None or entry.connections >= self.limits.max_connections:
-                log.warning("egress sandbox=%s refused: connection limit", sandbox_id)
+                self.metrics.decisions.labels("refused").inc()
+                log.warning("egress sandbox=%s decision=refused reason=too many", sandbox_id)
                 writer.close()
                 return
             entry.connections += 1
@@ -158,6 +159,10 @@ class EgressService:
                 await handler(self, sandbox_id, reader, writer)
             except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
                 pass  # the client went away or stalled: nothing to answer
+            except Exception:
+                # A store outage while looking up the policy, say: this connection ends
+                # (closed, so nothing passes), the proxy goes on serving.
+                log.exception("egress sandbox=%s: connection failed", sandbox_id)
             finally:
                 entry.connections -= 1
                 writer.close()
