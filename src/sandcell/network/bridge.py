@@ -10,11 +10,12 @@ Needs root (CAP_SYS_ADMIN over the cell's user namespace).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
@@ -68,21 +69,20 @@ def listen_in(pid: int, ports: Sequence[int] = (HTTP_PORT, SOCKS_PORT)) -> list[
     failure: list[BaseException] = []
 
     def inside() -> None:
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
         try:
-            _setns(target)
-            try:
-                result.extend(_listen(port) for port in ports)
-            finally:
-                _setns(own)  # if this failed the thread would still die right after
+            with (
+                _opened("/proc/thread-self/ns/net") as own,
+                _opened(f"/proc/{pid}/ns/net") as target,
+            ):
+                _setns(target)
+                try:
+                    result.extend(_listen(port) for port in ports)
+                finally:
+                    _setns(own)  # if this failed the thread would still die right after
         except BaseException as exc:
             failure.append(exc)
             for sock in result:
                 sock.close()
-        finally:
-            os.close(own)
-            os.close(target)
 
     thread = threading.Thread(target=inside, name=f"sandcell-netns-{pid}")
     thread.start()
@@ -90,6 +90,15 @@ def listen_in(pid: int, ports: Sequence[int] = (HTTP_PORT, SOCKS_PORT)) -> list[
     if failure:
         raise BridgeError(f"cannot listen in the network namespace of {pid}: {failure[0]}")
     return result
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _listen(port: int) -> socket.socket:
