@@ -3,12 +3,15 @@ cell, so its 127.0.0.1 is the host's; in a cell it is the cell's own)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 from collections.abc import Iterator
 
 import pytest
 
+from sandcell import tokens
+from sandcell.network.websocket import Rejected, Upstream
 from support.server import free_port
 
 
@@ -76,3 +79,30 @@ def test_invalid_ports_are_400(client, port):
 
 def test_unsigned_requests_are_refused(client, app_port):
     assert client.http.get(f"/v1/ports/{app_port}/").status_code == 401
+
+
+async def _upgrade(daemon, target: str, token: str | None) -> None:
+    upstream = Upstream(*await asyncio.open_unix_connection(str(daemon.uds)))
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    try:
+        await upstream.handshake("sandcell-daemon", target, headers=headers)
+    finally:
+        upstream.close()
+
+
+@pytest.mark.parametrize("signed_for", [None, "/v1/ports/1/other", "/v1/exec"])
+def test_websocket_upgrades_must_be_signed_for_their_path(client, daemon, app_port, signed_for):
+    target = f"/v1/ports/{app_port}/ws"
+    token = signed_for and tokens.mint_request_token(
+        daemon.session_key, daemon.sandbox_id, "GET", signed_for, b""
+    )
+    with pytest.raises(Rejected, match="403"):
+        asyncio.run(_upgrade(daemon, target, token))
+
+
+def test_a_signed_upgrade_to_a_plain_http_app_is_refused_cleanly(client, daemon, app_port):
+    """The app speaks no WebSocket: the daemon refuses the upgrade instead of hanging."""
+    target = f"/v1/ports/{app_port}/ws"
+    token = tokens.mint_request_token(daemon.session_key, daemon.sandbox_id, "GET", target, b"")
+    with pytest.raises(Rejected):
+        asyncio.run(_upgrade(daemon, target, token))

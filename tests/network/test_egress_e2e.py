@@ -3,9 +3,11 @@ real servers on the host's loopback as destinations. Each refusal is a real atte
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -13,8 +15,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from wsproto.events import BytesMessage, CloseConnection, TextMessage
 
-from support.server import RunningServer, start_server
+from sandcell import Sandbox
+from sandcell.client.errors import BadRequestError, ForbiddenError
+from sandcell.network.websocket import Rejected, Upstream
+from support.server import RunningServer, sandcell_bin, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -352,9 +358,6 @@ def test_pip_install_through_an_allow_list(client):
 
 
 def test_sdk_network_policy_and_preview_url(server, key, host_ports):
-    from sandcell import Sandbox
-    from sandcell.client.errors import BadRequestError, ForbiddenError
-
     allowed = f"127.0.0.1:{host_ports[0]}"
     with pytest.raises(ForbiddenError, match="wider"):
         Sandbox.create("strict", network={"egress": "open"}, url=server.url, api_key=key)
@@ -379,10 +382,6 @@ def test_sdk_network_policy_and_preview_url(server, key, host_ports):
 
 
 def test_cli_create_with_allow_and_url(server, key):
-    import subprocess
-
-    from support.server import sandcell_bin
-
     env = {**os.environ, "SANDCELL_URL": server.url, "SANDCELL_API_KEY": key}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -425,3 +424,87 @@ def test_egress_survives_a_server_restart(tmp_path, host_ports):
             assert c.delete(f"/v1/sandboxes/{sbx}").status_code == 204
     finally:
         second.stop()
+
+
+# A WebSocket echo server with nothing but the standard library, run inside the cell.
+WS_ECHO = r"""
+import asyncio, base64, hashlib, struct
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+async def serve(r, w):
+    lines = (await r.readuntil(b"\r\n\r\n")).split(b"\r\n")
+    key = [x.split(b":", 1)[1].strip() for x in lines if x.lower().startswith(b"sec-websocket-k")]
+    accept = base64.b64encode(hashlib.sha1(key[0] + GUID).digest())
+    w.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    while True:
+        b1, b2 = await r.readexactly(2)
+        op, n = b1 & 15, b2 & 127
+        if n == 126:
+            n = struct.unpack("!H", await r.readexactly(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", await r.readexactly(8))[0]
+        mask = await r.readexactly(4)
+        data = bytes(c ^ mask[i % 4] for i, c in enumerate(await r.readexactly(n)))
+        if op == 8:
+            w.write(b"\x88\x02\x03\xe8"); await w.drain(); w.close(); return
+        if op == 1:
+            data = b"echo " + lines[0].split(b" ")[1] + b" " + data
+        size = bytes([len(data)]) if len(data) < 126 else b"\x7e" + struct.pack("!H", len(data))
+        w.write(bytes([128 | op]) + size + data); await w.drain()
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", 8765)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+async def _ws_exchange(base: str, target: str, headers=()) -> list:
+    url = urlsplit(base)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    upstream = Upstream(reader, writer)
+    try:
+        await upstream.handshake(url.netloc, target, headers=headers)
+        upstream.send(TextMessage(data="hi"))
+        upstream.send(BytesMessage(data=b"\x00\x01" * 20_000))
+        got = []
+        while len(got) < 2 and (event := await asyncio.wait_for(upstream.next_event(), 10)):
+            got.append(event)
+        upstream.send(CloseConnection(code=1000))
+        got.append(await asyncio.wait_for(upstream.next_event(), 10))
+        return got
+    finally:
+        upstream.close()
+
+
+def test_websockets_to_an_exposed_port_and_through_a_preview_url(server, client, key):
+    sbx = create(client)
+    assert (
+        client.put(
+            f"/v1/sandboxes/{sbx}/files", params={"path": "ws_echo.py"}, content=WS_ECHO.encode()
+        ).status_code
+        == 200
+    )
+    run(client, sbx, "nohup python3 ws_echo.py >/tmp/ws.log 2>&1 &")
+    auth = [(b"authorization", f"Bearer {key}".encode())]
+    target = f"/v1/sandboxes/{sbx}/ports/8765/chat?x=1"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            events = asyncio.run(_ws_exchange(server.url, target, auth))
+            break
+        except Rejected:
+            assert time.monotonic() < deadline, "the WebSocket server did not come up"
+            time.sleep(0.2)
+    assert events[0].data == "echo /chat?x=1 hi"
+    assert bytes(events[1].data) == b"\x00\x01" * 20_000
+    assert events[-1].code == 1000
+    with pytest.raises(Rejected):  # no API key
+        asyncio.run(_ws_exchange(server.url, target))
+    with pytest.raises(Rejected):  # nothing listening on that port
+        asyncio.run(_ws_exchange(server.url, f"/v1/sandboxes/{sbx}/ports/8766/", auth))
+    preview = urlsplit(client.post(f"/v1/sandboxes/{sbx}/ports/8765/url").json()["url"])
+    events = asyncio.run(_ws_exchange(server.url, preview.path + "room"))
+    assert events[0].data == "echo /room hi"
+    client.delete(f"/v1/sandboxes/{sbx}")
+    with pytest.raises(Rejected):  # dies with the sandbox
+        asyncio.run(_ws_exchange(server.url, preview.path + "room"))

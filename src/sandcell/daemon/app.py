@@ -13,6 +13,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
 
 from sandcell import __version__
 from sandcell.cellapi import schemas
@@ -247,6 +249,21 @@ async def exposed_port(request: Request) -> Response:
     return await ports.relay(request, body)
 
 
+async def exposed_port_websocket(websocket: WebSocket) -> None:
+    """SPEC §11: a WebSocket to 127.0.0.1:{port}, the upgrade signed like any GET."""
+    from sandcell.network import ports
+
+    d = _daemon(websocket)
+    try:
+        d.guard.check_request(
+            websocket.headers.get("authorization"), "GET", path_with_query(websocket), b"", True
+        )
+    except SandcellError:
+        await websocket.close(1008)  # before accepting: the handshake fails (HTTP 403)
+        return
+    await ports.relay_websocket(websocket)
+
+
 async def openapi_document(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
@@ -357,7 +374,10 @@ OPERATIONS = (
 
 
 def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> Starlette:
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=EXCEPTION_HANDLERS)
+    websockets = [WebSocketRoute("/v1/ports/{port}/{path:path}", exposed_port_websocket)]
+    app = Starlette(
+        routes=[*routes(OPERATIONS), *websockets], exception_handlers=EXCEPTION_HANDLERS
+    )
     app.state.daemon = Daemon(config, dict(os.environ) if environ is None else environ)
     app.state.openapi = openapi("sandcell daemon", __version__, OPERATIONS)
     return app

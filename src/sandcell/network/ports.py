@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator, Callable
 
 import h11
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.websockets import WebSocket
 
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.network import websocket as ws
 
 CHUNK = 65_536
 CONNECT_TIMEOUT_S = 5.0
@@ -38,7 +40,7 @@ HOP_BY_HOP = {
 }
 
 
-def target_port(request: Request) -> int:
+def target_port(request: HTTPConnection) -> int:
     text = request.path_params["port"]
     if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
         raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid port {text!r}", {"port": text})
@@ -124,3 +126,29 @@ def _unreachable(port: int, why: str) -> SandcellError:
         f"port {port} in the sandbox: {why}",
         {"port": port},
     )
+
+
+async def relay_websocket(websocket: WebSocket) -> None:
+    """A WebSocket to 127.0.0.1:{port} in the cell; a refused upgrade (nothing listening, no
+    WebSocket there) closes before accepting, which the caller sees as a failed handshake."""
+    port = target_port(websocket)
+    query = websocket.url.query
+    target = "/" + websocket.path_params.get("path", "") + (f"?{query}" if query else "")
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, limit=CHUNK), CONNECT_TIMEOUT_S
+        )
+    except (OSError, TimeoutError):
+        await websocket.close(ws.BROKEN)
+        return
+    upstream = ws.Upstream(reader, writer)
+    try:
+        await upstream.handshake(
+            f"127.0.0.1:{port}", target, subprotocols=ws.requested_subprotocols(websocket)
+        )
+    except ws.Rejected:
+        upstream.close()
+        await websocket.close(ws.BROKEN)
+        return
+    await websocket.accept(subprotocol=upstream.subprotocol)
+    await ws.relay(websocket, upstream)

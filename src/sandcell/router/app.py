@@ -266,7 +266,11 @@ def create_app(router: Router) -> Starlette:
             await router.proxy.close()
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
     app.state.router = router
     app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
     app.add_middleware(RequestContext, router=router)

@@ -6,18 +6,24 @@ ordinary proxied call to the daemon, which relays it inside the cell.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
+from sandcell import tokens
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.openapi import Operation
+from sandcell.network import websocket as ws
 from sandcell.network.preview import PREVIEW_KEY_NAME, PreviewSigner, new_key
 from sandcell.router import schemas
 from sandcell.store import SandboxRecord
@@ -27,6 +33,7 @@ _SBX = "/v1/sandboxes/{sandbox_id}"
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
 HOST_PREFIX = "/_preview-host"  # where `PreviewHosts` routes `{port}-{id}.{domain}` requests
 PREVIEW_COOKIE = "sandcell_preview"
+POLICY_VIOLATION = 1008  # closing before accepting fails the handshake (HTTP 403)
 TOKEN_PARAM = "sandcell_token"  # noqa: S105 - a query parameter's name
 
 
@@ -95,7 +102,7 @@ async def _host_authorized(request: Request, sandbox_id: str, port: int) -> Sand
     raise _no_preview()
 
 
-async def _running(request: Request, sandbox_id: str) -> SandboxRecord | None:
+async def _running(request: HTTPConnection, sandbox_id: str) -> SandboxRecord | None:
     record = await request.app.state.router.store.get_sandbox(sandbox_id)
     return record if record is not None and record.state == "running" else None
 
@@ -118,7 +125,68 @@ def _no_preview() -> SandcellError:
     return SandcellError(ErrorCode.NOT_FOUND, "no such preview (expired, invalid or deleted)")
 
 
-async def _signer(request: Request) -> PreviewSigner:
+async def port_websocket(websocket: WebSocket) -> None:
+    """A WebSocket to an exposed port, with the API key; refused: the handshake fails."""
+    try:
+        _, record = await websocket.app.state.router.owned(websocket)
+        port = _port(int(websocket.path_params["port"]))
+    except (SandcellError, ValueError):
+        await websocket.close(POLICY_VIOLATION)
+        return
+    await _websocket_to_daemon(websocket, record, port, f"/v1/sandboxes/{record.id}/ports/{port}/")
+
+
+async def preview_websocket(websocket: WebSocket) -> None:
+    token = websocket.path_params["token"]
+    found = (await _signer(websocket)).verify(token)
+    record = await _running(websocket, found[0]) if found else None
+    if found is None or record is None:
+        await websocket.close(POLICY_VIOLATION)
+        return
+    await _websocket_to_daemon(websocket, record, found[1], f"/p/{token}/")
+
+
+async def _websocket_to_daemon(
+    websocket: WebSocket, record: SandboxRecord, port: int, prefix: str
+) -> None:
+    """The upgrade is signed for the daemon like any GET, then messages are relayed."""
+    r = websocket.app.state.router
+    raw = websocket.scope.get("raw_path") or websocket.scope["path"].encode()
+    tail = raw[len(prefix) :].decode("latin-1")
+    query = websocket.scope.get("query_string", b"").decode("latin-1")
+    target = f"/v1/ports/{port}/{tail}" + (f"?{query}" if query else "")
+    pem = await r.store.get_session_key(record.id)
+    if pem is None or any(s in (".", "..") for s in websocket.path_params["path"].split("/")):
+        await websocket.close(POLICY_VIOLATION)
+        return
+    token = tokens.mint_request_token(tokens.load_private_key(pem), record.id, "GET", target, b"")
+    try:
+        upstream = ws.Upstream(*await _daemon_stream(record.endpoint))
+        await upstream.handshake(
+            "sandcell-daemon",
+            target,
+            headers=[(b"authorization", f"Bearer {token}".encode())],
+            subprotocols=ws.requested_subprotocols(websocket),
+        )
+    except (OSError, ws.Rejected):
+        await websocket.close(ws.BROKEN)
+        return
+    await r.store.touch(record.id, time.time())
+    await websocket.accept(subprotocol=upstream.subprotocol)
+    await ws.relay(websocket, upstream)
+
+
+async def _daemon_stream(
+    endpoint: dict[str, Any],
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if "uds" in endpoint:
+        return await asyncio.open_unix_connection(str(endpoint["uds"]), limit=ws.CHUNK)
+    return await asyncio.open_connection(
+        str(endpoint["host"]), int(endpoint["port"]), limit=ws.CHUNK
+    )
+
+
+async def _signer(request: HTTPConnection) -> PreviewSigner:
     """One key for every replica, created by whichever asks first."""
     state = request.app.state
     if getattr(state, "preview_signer", None) is None:
@@ -158,6 +226,12 @@ class PreviewHosts:
         if not sep or not port.isdigit() or not sandbox_id or "." in sandbox_id:
             return None
         return int(port), sandbox_id
+
+
+WEBSOCKET_ROUTES = (
+    WebSocketRoute(f"{_SBX}/ports/{{port}}/{{path:path}}", port_websocket),
+    WebSocketRoute("/p/{token}/{path:path}", preview_websocket),
+)
 
 
 # Before the catch-all proxy routes: the first match wins.
