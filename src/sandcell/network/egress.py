@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandcell.network.metrics import EgressMetrics
@@ -44,12 +45,11 @@ class EgressLimits:
 
 
 class Refused(Exception):
-    """A destination the policy refuses (or that cannot be reached); `reason` is shown."""
+    """An allowed destination that cannot be reached; `reason` is shown to the client."""
 
-    def __init__(self, reason: str, reachable: bool = True) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.unreachable = not reachable
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -68,12 +68,12 @@ def host_addresses() -> frozenset[IPAddress]:
     """This host's own addresses (a public one too: the router may listen on it)."""
     found: set[IPAddress] = set()
     with contextlib.suppress(OSError):
-        lines = open("/proc/net/fib_trie").read().splitlines()  # noqa: SIM115 - tiny file
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
         for previous, line in itertools.pairwise(lines):
             if "/32 host LOCAL" in line and "|--" in previous:
                 found.add(ipaddress.ip_address(previous.split("|--")[1].strip()))
     with contextlib.suppress(OSError):
-        for line in open("/proc/net/if_inet6").read().splitlines():  # noqa: SIM115
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
             raw = line.split()[0]
             found.add(ipaddress.ip_address(":".join(raw[i : i + 4] for i in range(0, 32, 4))))
     return frozenset(found)
@@ -138,9 +138,6 @@ class EgressService:
     async def close(self) -> None:
         for sandbox_id in list(self._sandboxes):
             await self.detach(sandbox_id)
-
-    def attached(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._sandboxes
 
     def _guarded(
         self, sandbox_id: str, handler: Handler
@@ -213,7 +210,7 @@ class EgressService:
                 )
             except (OSError, TimeoutError) as exc:
                 last = f"{address}:{port}: {exc.strerror if isinstance(exc, OSError) else exc}"
-        raise Refused(f"cannot connect to {last}", reachable=False)
+        raise Refused(f"cannot connect to {last}")
 
     async def pipe(
         self,

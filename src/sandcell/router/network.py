@@ -1,7 +1,8 @@
-"""The router's network routes (SPEC §11): live egress changes, preview URLs and their relay.
+"""The router's network routes (SPEC §11): live egress changes, preview URLs and their relay,
+WebSockets to exposed ports, and Host-based preview routing.
 
-Exposed ports themselves need no route here: `/v1/sandboxes/{id}/ports/{port}/<path>` is an
-ordinary proxied call to the daemon, which relays it inside the cell.
+Plain HTTP to an exposed port needs no route here: `/v1/sandboxes/{id}/ports/{port}/<path>`
+is an ordinary proxied call to the daemon, which relays it inside the cell.
 """
 
 from __future__ import annotations
