@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from sandcell.network.metrics import EgressMetrics
 from sandcell.network.policy import NONE, Decision, IPAddress, NetworkPolicy, decide, parse_policy
+from sandcell.network.pumps import both_ways
 
 if TYPE_CHECKING:
     from sandcell.store import Store
@@ -220,17 +221,14 @@ class EgressService:
         """Relays both ways until both sides are done, one side fails, or both stay idle for
         `idle_timeout_s`. Buffers stay bounded: each write waits for the peer to drain."""
         last = [time.monotonic()]
-        pumps = [
-            asyncio.ensure_future(self._pump(client[0], upstream[1], "out", last)),
-            asyncio.ensure_future(self._pump(upstream[0], client[1], "in", last)),
-        ]
         try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
+            # An idle timeout or a reset ends both directions; a clean EOF only its own.
+            await both_ways(
+                self._pump(client[0], upstream[1], "out", last),
+                self._pump(upstream[0], client[1], "in", last),
+                until_first=asyncio.FIRST_EXCEPTION,
+            )
         finally:
-            # An idle timeout or a reset ends both directions; nothing is left unretrieved.
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
             upstream[1].close()
 
     async def _pump(

@@ -26,6 +26,8 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
+from sandcell.network.pumps import both_ways
+
 CHUNK = 65_536
 MAX_MESSAGE = 16 * 1_048_576
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -88,16 +90,13 @@ class Upstream:
 
 async def relay(websocket: WebSocket, upstream: Upstream) -> None:
     """Both directions until either side closes; then the other is closed too."""
-    pumps = [
-        asyncio.ensure_future(_client_to_upstream(websocket, upstream)),
-        asyncio.ensure_future(_upstream_to_client(websocket, upstream)),
-    ]
     try:
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        await both_ways(
+            _client_to_upstream(websocket, upstream),
+            _upstream_to_client(websocket, upstream),
+            until_first=asyncio.FIRST_COMPLETED,
+        )
     finally:
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
         upstream.close()
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await websocket.close(GOING_AWAY)  # already closed: nothing to do
