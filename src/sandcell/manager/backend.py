@@ -38,6 +38,14 @@ class Backend(Protocol):
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
 
+    async def _forget_destroyed(self) -> None:
+        """Closes the listeners of cells that another replica on this host destroyed (their
+        sockets would keep the dead cell's network namespace alive)."""
+        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
+        for cell_id in gone:
+            if self.egress is not None:
+                await self.egress.detach(self._sandbox_of.pop(cell_id))
+
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         """A live cell found after a restart is kept: reattach what this process serves it."""
         ...
@@ -83,6 +91,7 @@ class LocalBackend:
         return self._neighbours[cells_dir]
 
     async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+        await self._forget_destroyed()
         cell_id = new_cell_id()
         info = await asyncio.to_thread(
             self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem
@@ -105,6 +114,14 @@ class LocalBackend:
             raise IsolationUnavailable("network", str(exc)) from exc
         self._sandbox_of[info.cell_id] = sandbox_id
         await self.egress.serve(sandbox_id, http, socks)
+
+    async def _forget_destroyed(self) -> None:
+        """Closes the listeners of cells that another replica on this host destroyed (their
+        sockets would keep the dead cell's network namespace alive)."""
+        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
+        for cell_id in gone:
+            if self.egress is not None:
+                await self.egress.detach(self._sandbox_of.pop(cell_id))
 
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         infos = await asyncio.to_thread(self.cells.list)

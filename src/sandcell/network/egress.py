@@ -140,6 +140,11 @@ class EgressService:
         for sandbox_id in list(self._sandboxes):
             await self.detach(sandbox_id)
 
+    @property
+    def served(self) -> frozenset[str]:
+        """The sandboxes whose listeners are open."""
+        return frozenset(self._sandboxes)
+
     def _guarded(
         self, sandbox_id: str, handler: Handler
     ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
