@@ -19,7 +19,9 @@ from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
+from sandcell.network.egress import EgressService, policy_from_store
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
+from sandcell.router.network import PreviewHosts
 from sandcell.settings import Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
 from sandcell.store import health as store_health
@@ -36,9 +38,13 @@ async def opened_store(settings: Settings) -> AsyncIterator[Store]:
 
 
 @contextlib.asynccontextmanager
-async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
+async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Backend]:
     if settings.backend == "local":
-        yield LocalBackend(settings.cells_dir)
+        egress = EgressService(policy_from_store(store))
+        try:
+            yield LocalBackend(settings.cells_dir, egress=egress)
+        finally:
+            await egress.close()
         return
     from sandcell.manager.k8s.backend import KubernetesBackend  # lightkube only when used
 
@@ -145,7 +151,7 @@ async def _watching(server: Server, store: Store) -> AsyncIterator[None]:
 async def serve(settings: Settings, options: ServeOptions | None = None) -> None:
     options = options or ServeOptions()
     configure_logging(settings.log_format, options.log_level, options.access_log)
-    async with opened_store(settings) as store, opened_backend(settings) as backend:
+    async with opened_store(settings) as store, opened_backend(settings, store) as backend:
         manager = Manager(
             store,
             backend,
@@ -155,7 +161,12 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             reap_interval_s=settings.reap_interval_s,
         )
         limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
-        app = create_app(Router(store, manager, limits))
+        router = Router(store, manager, limits)
+        if isinstance(backend, LocalBackend) and backend.egress is not None:
+            backend.egress.metrics.register(router.metrics.registry)
+        app = create_app(router)
+        if settings.preview_domain:
+            app = PreviewHosts(app, settings.preview_domain)
         config = uvicorn.Config(
             app,
             host=settings.host,

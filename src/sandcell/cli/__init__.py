@@ -186,9 +186,11 @@ def doctor() -> None:
     raise typer.Exit(run(Console()))
 
 
+from sandcell.cli.network import register as _register_network_commands  # noqa: E402
 from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
 
 _register_client_commands(app)
+_register_network_commands(app)
 
 
 def main() -> None:

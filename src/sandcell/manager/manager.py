@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -19,6 +20,7 @@ from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.init import InitFailed, initialize
 from sandcell.manager.pool import WarmCell, WarmPool
 from sandcell.manager.templates import Template
+from sandcell.network.environment import proxy_env
 from sandcell.store import Reservation, SandboxRecord, Store
 
 log = logging.getLogger("sandcell.manager")
@@ -123,6 +125,7 @@ class Manager:
         max_lifetime_s: int | None = None,
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        network: Any = None,
         reservation: Reservation | None = None,
     ) -> SandboxRecord:
         """A running sandbox; the record takes `reservation`'s slot, which is given back if
@@ -130,12 +133,16 @@ class Manager:
         try:
             template = self.template(template_name)
             within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
+            policy = template.network_policy(network)  # 400 malformed, 403 wider than the cap
             env = env or {}
             validate_env(env)  # before any cell is made: the daemon would refuse it at init
-            # Pooled cells were initialised before anyone's env was known.
-            warm = None if env else await self.pools[template_name].claim()
+            # Pooled cells were initialised before anyone's env was known, with the proxy
+            # variables of the template's default policy.
+            init_env = {**proxy_env(policy), **env}
+            pooled = not env and proxy_env(policy) == proxy_env(template.egress_policy())
+            warm = await self.pools[template_name].claim() if pooled else None
             if warm is None:
-                warm = await self._prepare(template, env)
+                warm = await self._prepare(template, init_env)
         except BaseException:
             await _each_step(lambda: self._release(reservation))
             raise
@@ -154,6 +161,7 @@ class Manager:
             backend=self.backend.name,
             endpoint=warm.handle.endpoint,
             cell=warm.handle.cell,
+            network=policy.public(),
         )
         try:
             await self.store.put_sandbox(record, reservation)
@@ -176,6 +184,8 @@ class Manager:
     async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
         """A started and initialised cell; on any failure nothing of it is left."""
         sandbox_id = new_sandbox_id()
+        if env is None:  # a pool's cell: the template's default policy
+            env = proxy_env(template.egress_policy())
         try:
             handle: CellHandle = await self.backend.create(
                 template.policy(), sandbox_id, self.bootstrap_pem
@@ -191,7 +201,7 @@ class Manager:
                 self.bootstrap_key,
                 sandbox_id,
                 session_key,
-                env or {},
+                env,
                 self.init_timeout_s,
             )
         except BaseException as exc:
@@ -200,6 +210,14 @@ class Manager:
             await self.backend.destroy(handle.cell)
             raise
         return WarmCell(sandbox_id, handle, session_key)
+
+    async def set_network(self, record: SandboxRecord, requested: Any) -> SandboxRecord:
+        """A live policy change, capped like a create; new connections follow it at once
+        (the proxies read the policy from the store on every connection)."""
+        policy = self.template(record.template).network_policy(requested)
+        if not await self.store.set_network(record.id, policy.public()):
+            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+        return dataclasses.replace(record, network=policy.public())
 
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         """One deletion per sandbox at a time in this process; a second caller waits and then
@@ -266,6 +284,7 @@ class Manager:
                 continue  # another replica's cell: that replica reconciles it
             handle = cells.pop(_key(record.cell), None)
             if handle is not None and await self.backend.healthy(handle.endpoint):
+                await self.backend.adopt(record.id, handle)
                 adopted.append(record.id)
                 continue
             if handle is not None:

@@ -21,7 +21,7 @@ from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import schemas
+from sandcell.router import network, schemas
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
@@ -94,6 +94,7 @@ async def create_sandbox(request: Request) -> Response:
         max_lifetime_s=req.max_lifetime_s,
         env=req.env,
         metadata=req.metadata,
+        network=req.network.policy() if req.network else None,
         reservation=reservation,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
@@ -190,7 +191,7 @@ OPERATIONS = (
         body=schemas.CreateSandbox,
         response=schemas.Sandbox,
         status=201,
-        errors=(413, 429, 503),
+        errors=(403, 413, 429, 503),
     ),
     Operation(
         "GET", "/v1/sandboxes", list_sandboxes, "List your sandboxes", response=schemas.SandboxList
@@ -208,6 +209,7 @@ OPERATIONS = (
         errors=(404,),
     ),
     Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204, errors=(404,)),
+    *network.OPERATIONS,
     *(
         Operation(
             m,
@@ -266,7 +268,11 @@ def create_app(router: Router) -> Starlette:
             await router.proxy.close()
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
     app.state.router = router
     app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
     app.add_middleware(RequestContext, router=router)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from .crypto import Sealer
 from .records import STATES, ApiKeyRecord, SandboxRecord, State
@@ -100,6 +101,11 @@ class Store(ABC):
         if state not in STATES:
             raise ValueError(f"invalid sandbox state {state!r}; expected one of {STATES}")
         return await self._update_if_exists(sandbox_id, {"state": state})
+
+    async def set_network(self, sandbox_id: str, policy: Mapping[str, Any]) -> bool:
+        """Replace a sandbox's egress policy; the proxies read it on every new connection."""
+        text = json.dumps(dict(policy), separators=(",", ":"), sort_keys=True)
+        return await self._update_if_exists(sandbox_id, {"network": text})
 
     @abstractmethod
     async def touch(self, sandbox_id: str, now: float, idle_timeout_s: int | None = None) -> bool:

@@ -22,7 +22,9 @@ from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation,
 from .crypto import Sealer
 from .records import ApiKeyRecord, SandboxRecord
 
-SCHEMA_VERSION = 2  # kept in PRAGMA user_version; 2 added `reservations`
+SCHEMA_VERSION = 2  # kept in PRAGMA user_version; 2 added `reservations` and `network`
+# Version 1 files gain the new column here; new tables come from _SCHEMA (IF NOT EXISTS).
+_FROM_V1 = "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'"
 BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
@@ -40,6 +42,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     backend          TEXT NOT NULL,
     endpoint         TEXT NOT NULL,  -- JSON
     cell             TEXT NOT NULL,  -- JSON
+    network          TEXT NOT NULL DEFAULT '{}',  -- JSON, since version 2
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
@@ -96,10 +99,19 @@ def _migrate(conn: sqlite3.Connection) -> None:
             f"({SCHEMA_VERSION}); upgrade sandcell"
         )
     if version < SCHEMA_VERSION:
-        # IF NOT EXISTS + IMMEDIATE: processes opening a fresh file together serialise here.
-        conn.executescript(
-            f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
-        )
+        # IMMEDIATE: processes opening a fresh or old file together serialise here.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
+            if columns and "network" not in columns:
+                conn.execute(_FROM_V1)
+            for statement in _SCHEMA.split(";\n"):  # IF NOT EXISTS: new tables and indexes
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
 
 class SQLiteStore(Store):
