@@ -90,6 +90,14 @@ _DENIED_IOCTLS = (
     0x5412,  # TIOCSTI: push input into the controlling terminal
     0x541C,  # TIOCLINUX: same via the Linux console
 )
+# socket()/socketpair() families a cell may use (SPEC §3); AF_VSOCK reaches the hypervisor,
+# AF_PACKET and the rest are kernel attack surface no Python job needs.
+_ALLOWED_FAMILIES = (
+    1,  # AF_UNIX
+    2,  # AF_INET
+    10,  # AF_INET6
+    16,  # AF_NETLINK
+)
 # PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26 and the 0xffffffff query: everything
 # else (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO, ...) weakens the process.
 _ALLOWED_PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, _U32)
@@ -109,9 +117,10 @@ def _aligned_blocks(lo: int, hi: int) -> Iterator[tuple[int, int]]:
         lo += size
 
 
-def _denied_personalities() -> Iterator[tuple[int, int]]:
-    """Masked rules matching every 32-bit persona (what the kernel reads) not allowed."""
-    for low, high in itertools.pairwise(_ALLOWED_PERSONALITIES):
+def _complement(allowed: tuple[int, ...]) -> Iterator[tuple[int, int]]:
+    """Masked rules matching every 32-bit value (what the kernel reads) not in ``allowed``."""
+    bounds = (-1, *sorted(allowed), _U32 + 1)
+    for low, high in itertools.pairwise(bounds):
         yield from _aligned_blocks(low + 1, high - 1)
 
 
@@ -138,8 +147,12 @@ def build_filter() -> bytes:
     # so that garbage in it cannot slip past an equality test.
     for cmd in _DENIED_IOCTLS:
         _add(flt, eperm, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, cmd))
-    for mask, value in _denied_personalities():
+    for mask, value in _complement(_ALLOWED_PERSONALITIES):
         _add(flt, eperm, "personality", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, mask, value))
+    no_family = pyseccomp.ERRNO(errno.EAFNOSUPPORT)  # what a kernel without the family says
+    for mask, value in _complement(_ALLOWED_FAMILIES):
+        for call in ("socket", "socketpair"):
+            _add(flt, no_family, call, pyseccomp.Arg(0, pyseccomp.MASKED_EQ, mask, value))
     with tempfile.TemporaryFile() as out:
         flt.export_bpf(out)
         out.seek(0)
