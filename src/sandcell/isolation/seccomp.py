@@ -157,3 +157,52 @@ def build_filter() -> bytes:
         flt.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+# -- the daemon's guard: what commands must not do to the thread that spawns them -----------
+
+_F_SETOWN, _F_SETOWN_EX = 8, 15
+_FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
+# (syscall, the arguments holding a target pid or tid)
+_TARGETED_CALLS = (
+    ("kill", (0,)),
+    ("rt_sigqueueinfo", (0,)),
+    ("tkill", (0,)),
+    ("tgkill", (0, 1)),
+    ("rt_tgsigqueueinfo", (0, 1)),
+    ("pidfd_open", (0,)),
+)
+
+
+def guard_daemon(daemon_pid: int, spawner_tid: int) -> None:
+    """Load, into the calling thread only, a filter its future children inherit: no signal,
+    pidfd or SIGIO ownership aimed at the daemon (`daemon_pid`) or at this thread.
+
+    Landlock's signal scoping keeps commands from signalling the daemon's threads, except the
+    one that spawns them (it shares their domain, daemon/spawn.py): this closes that gap.
+    Signals by pid, by tid, to a process group, through a pidfd, and SIGIO through F_SETOWN
+    all name their target by number; ``pidfd_send_signal`` takes a ``/proc/<tid>`` directory
+    fd too, which a filter cannot tell apart, so it is unavailable (ENOSYS: callers fall back
+    to kill()). Nor may a command set another process's rlimits (RLIMIT_CPU on the daemon
+    would have the kernel kill it).
+    """
+    eperm = pyseccomp.ERRNO(errno.EPERM)
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.KILL_PROCESS)
+    targets = {daemon_pid, spawner_tid}
+    signed = {t & _U32 for t in targets} | {-t & _U32 for t in targets}  # a process group too
+    for name, positions in _TARGETED_CALLS:
+        for position in positions:
+            for value in signed:
+                _add(flt, eperm, name, pyseccomp.Arg(position, pyseccomp.MASKED_EQ, _U32, value))
+    for value in signed:
+        setown = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, _F_SETOWN)
+        _add(flt, eperm, "fcntl", setown, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, _U32, value))
+    # These name their target behind a pointer: refused whatever it is.
+    _add(flt, eperm, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, _F_SETOWN_EX))
+    for cmd in (_FIOSETOWN, _SIOCSPGRP):
+        _add(flt, eperm, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, cmd))
+    _add(flt, pyseccomp.ERRNO(errno.ENOSYS), "pidfd_send_signal")
+    others, setting = pyseccomp.Arg(0, pyseccomp.NE, 0), pyseccomp.Arg(2, pyseccomp.NE, 0)
+    _add(flt, eperm, "prlimit64", others, setting)
+    flt.load()
