@@ -134,6 +134,16 @@ def test_cgroups_unavailable_to_an_unprivileged_caller_names_the_layer(
 
 
 @requires_cells
+def test_an_unprivileged_caller_gets_a_cell_where_layers_may_degrade(
+    unprivileged: tuple[Path, str],
+) -> None:
+    """The non-root launch (no stage, no uid change) still starts a cell, and destroys it."""
+    cells_dir, parent = unprivileged
+    result = create_as_nobody(cells_dir, parent, ["disk_quota", "cgroups"])
+    assert result == {"outcome": "created", "left": []}
+
+
+@requires_cells
 def test_invalid_cgroup_parent_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     for parent in ("../escape", "a/b", "", "x" * 200, "sandcell test"):
         with pytest.raises(ValueError, match="cgroup name"):

@@ -127,7 +127,9 @@ class LocalCells:
         cell_dir = self.cells_dir / _check_id(cell_id)
         info = self._read_info(cell_dir)
         cgroup_name = info.cgroup if info else _cgroup_name(cell_id)
-        if self.cgroups is not None and (cg := self.cgroups.open(cgroup_name)) is not None:
+        # None: made without a cgroup (the layer degraded), nothing to remove there.
+        cg = self.cgroups.open(cgroup_name) if cgroup_name and self.cgroups else None
+        if cg is not None:
             cg.destroy()
         proc = self._procs.pop(cell_id, None)
         if proc is not None:
