@@ -72,16 +72,22 @@ def _seccomp() -> LayerReport:
         "seccomp",
         True,
         f"libseccomp filter, {len(program) // 8} instructions,"
-        f" {len(seccomp.DENIED_SYSCALLS)} syscalls denied",
+        f" {len(seccomp.DENIED_SYSCALLS)} syscalls denied, sockets unix/inet/inet6/netlink only",
     )
 
 
 def _landlock() -> LayerReport:
-    abi = landlock.abi_version()
-    if abi == 0:
-        return LayerReport("landlock", False, "kernel without Landlock (or disabled)")
-    net = "TCP bind/connect denial" if abi >= 4 else "no network rules (ABI < 4)"
-    return LayerReport("landlock", True, f"ABI {abi}: write confinement, {net}")
+    """Cells need writes confined and signal scoping (ABI 6): commands share the daemon's uid,
+    and only a scoped domain keeps them from signalling it."""
+    ok, detail = landlock.cell_support()
+    if not ok:
+        return LayerReport("landlock", False, detail)
+    return LayerReport(
+        "landlock",
+        True,
+        f"{detail}: write confinement; signal scoping (commands cannot signal the daemon);"
+        " TCP bind/connect denial (network none)",
+    )
 
 
 def _cgroups() -> LayerReport:
