@@ -40,6 +40,8 @@ def test_kill_minus_one_ends_the_users_processes_only(make_cell: Callable[..., C
     assert cell.run("sleep 300 >/dev/null 2>&1 &")["exit_code"] == 0
     r = cell.run("kill -9 -1; echo survived")  # sh's kill(-1) spares only the caller
     assert r["stdout"] == "survived\n", r
+    r = cell.run(f"kill -9 {DAEMON_PID}; kill -STOP {DAEMON_PID}; kill -9 -{DAEMON_PID}")
+    assert r["exit_code"] != 0 and r["stderr"].count("not permitted") == 3, r
     assert no_sleep_left(cell)  # the background sleep is gone
     assert_daemon_unharmed(cell, daemon)
 

@@ -1,25 +1,28 @@
 """Every command the daemon runs is started here, by one confined thread (SPEC §3, §9).
 
 Commands run as the daemon's uid, so the kernel's same-uid rules would let them signal it
-(`kill -9 -1`), renice it, raise its OOM score. Two fences keep them off:
+(`kill -9 -1`). Two fences keep them off:
 
 - Landlock domains belong to threads. The spawner thread nests a domain of its own inside
-  the daemon's (the same write rules minus /proc, scoped for signals and abstract sockets):
+  the daemon's (the same write rules, scoped for signals and abstract unix sockets):
   every command inherits it, and a scoped domain cannot signal a process outside it, such as
   the daemon's other threads. All commands share that one domain, so they can still signal
   each other (`pkill` of what an earlier exec started in the background).
 - The spawner thread itself is in that domain: it also loads a seccomp filter, inherited by
-  commands, that refuses signals, pidfds and SIGIO ownership aimed at it or at the daemon
-  (isolation/seccomp.py `guard_daemon`).
+  commands, that refuses signals, pidfds, SIGIO ownership and rlimits aimed at it or at the
+  daemon (isolation/seccomp.py `guard_daemon`).
+Not fenced: same-uid scheduling calls (nice, affinity, SCHED_IDLE) on the daemon's threads,
+which can slow a tenant's own daemon down, never end it.
 
 The OOM killer must take commands first (SPEC §3). A child inherits its parent's
 oom_score_adj when it is forked, and anything written after its exec races with what it forks
 first (a shell forks within a millisecond, often before the daemon's write lands). So the
 spawner raises the daemon's own score to 1000 around each spawn, through a descriptor opened
 before any Landlock (neither the daemon nor commands may write /proc), and lowers it back:
-every command and all it forks start at 1000. Residual race: for the duration of one
-vfork+exec (~0.3 ms) the daemon also stands at 1000, and an OOM kill in that window takes the
-largest process at 1000, which may be the daemon.
+every command and all it forks start at 1000. A failed write fails the spawn (the command
+is not started unprotected). Residual race: for the duration of one vfork+exec (~0.15 ms)
+the daemon also stands at 1000, and an OOM kill in that window takes the largest process at
+1000, which may be the daemon.
 """
 
 from __future__ import annotations
@@ -51,11 +54,17 @@ class OwnOomScore:
     def raised(self) -> Iterator[None]:
         """While inside, children are forked at 1000; after, the daemon is back at its own
         score (at or above the launcher's floor, so no privilege is needed either way)."""
-        os.pwrite(self._fd, str(COMMAND_OOM_SCORE_ADJ).encode(), 0)
+        self._write(str(COMMAND_OOM_SCORE_ADJ).encode())
         try:
             yield
         finally:
-            os.pwrite(self._fd, self._own, 0)
+            self._write(self._own)
+
+    def _write(self, value: bytes) -> None:
+        try:
+            os.pwrite(self._fd, value, 0)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot set the OOM score to {value.decode()}") from exc
 
 
 class _Call:
