@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sandcell.isolation.bwrap import Bind
 
@@ -32,7 +33,16 @@ STAGE = "/run/sandcell-stage"
 # commands first and the daemon last. Lowering needs CAP_SYS_RESOURCE, which root lacks in
 # some containers: the daemon then keeps the host's default (0), still far below 1000.
 DAEMON_OOM_SCORE_ADJ = -500
+_CAP_SYS_RESOURCE = 24
 _EMPTY_LAYER = f"{STAGE}/empty"  # overlayfs wants two lower layers when it has no upper one
+
+
+def may_lower_oom_score() -> bool:
+    """Whether this process (and so the launcher it starts) has CAP_SYS_RESOURCE."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) & (1 << _CAP_SYS_RESOURCE))
+    return False
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,8 @@ def script(
         lines.append(f"exec {bwrap}")
         return "\n".join(lines)
     uid, stage_lines = root
-    lines.append(f"{{ echo {DAEMON_OOM_SCORE_ADJ} > /proc/self/oom_score_adj; }} 2>/dev/null || :")
+    if may_lower_oom_score():
+        lines.append(f"echo {DAEMON_OOM_SCORE_ADJ} > /proc/self/oom_score_adj")
     inner = [
         *stage_lines,
         f"exec setpriv --reuid={uid} --regid={uid} --clear-groups"
