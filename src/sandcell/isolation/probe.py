@@ -105,13 +105,14 @@ def _disk() -> LayerReport:
 def _identity() -> LayerReport:
     if os.geteuid() != 0:
         return LayerReport("identity", True, f"cells run as this uid ({os.geteuid()})")
-    ok = shutil.which("setpriv") is not None and shutil.which("unshare") is not None
+    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        return LayerReport("identity", False, "setpriv/unshare missing (util-linux)")
+    if "\toverlay" not in Path("/proc/filesystems").read_text():
+        return LayerReport("identity", False, "no overlayfs: cells stage their mounts on it")
     return LayerReport(
         "identity",
-        ok,
-        "per-cell unprivileged host uid (setpriv, unshare)"
-        if ok
-        else "setpriv/unshare missing (util-linux)",
+        True,
+        "per-cell unprivileged host uid (setpriv, unshare); mounts staged on overlayfs",
     )
 
 
