@@ -126,6 +126,11 @@ SYSCALLS = [
 ]
 
 
+def _target(label: str) -> int:
+    """The pid or tid a probe label ends with: "kill -3", "pidfd_send_signal /proc/3"."""
+    return int(label.rsplit("/", 1)[-1].split()[-1].lstrip("-"))
+
+
 def test_no_signal_pidfd_sigio_rlimit_or_trace_reaches_any_daemon_thread(
     make_cell: Callable[..., Cell],
 ) -> None:
@@ -138,17 +143,22 @@ def test_no_signal_pidfd_sigio_rlimit_or_trace_reaches_any_daemon_thread(
     assert r["exit_code"] == 0, r
     result = json.loads(r["stdout"])
     [spawner] = result.pop("spawner")
-    # A pidfd or SIGIO ownership of another daemon thread is granted, and harmless: Landlock
-    # drops the signal, and pidfd_send_signal is unavailable. The spawner thread shares the
-    # commands' domain, so there the guard's filter refuses even those.
-    harmless = {f"pidfd_open {t}" for t in (DAEMON_PID, spawner)} | {
-        f"F_SETOWN {t}" for t in (DAEMON_PID, spawner)
+    guarded = {DAEMON_PID, spawner}
+    # Granted for the daemon's other threads, and harmless: a pidfd (pidfd_send_signal is
+    # unavailable), SIGIO ownership (Landlock drops the signal), kill(-tid) (no such group).
+    # The spawner thread shares the commands' domain: there the guard refuses even those.
+    granted = ("pidfd_open ", "F_SETOWN ", "kill -")
+    checked = {
+        label: outcome
+        for label, outcome in result.items()
+        if not (label.startswith(granted) and _target(label) not in guarded)
     }
-    harmless = {k for k in result if k.startswith(("pidfd_open", "F_SETOWN"))} - harmless
-    refused = {k: v for k, v in result.items() if k not in harmless}
-    assert {k: v for k, v in refused.items() if v == "ok"} == {}
-    assert {v for k, v in refused.items() if k.startswith("pidfd_send_signal")} == {errno.ENOSYS}
-    assert {v for k, v in refused.items() if not k.startswith("pidfd_send")} == {errno.EPERM}
+    assert {label: v for label, v in checked.items() if v == "ok"} == {}
+    send = {v for label, v in checked.items() if label.startswith("pidfd_send_signal")}
+    assert send == {errno.ENOSYS}
+    assert {v for label, v in checked.items() if not label.startswith("pidfd_send")} == {
+        errno.EPERM
+    }
     assert_daemon_unharmed(cell, daemon)
 
 
