@@ -164,6 +164,21 @@ def factory_fc(tmp_path: Path) -> Iterator[CellFactory]:
 
 
 @requires_cells
+def test_a_socket_path_too_long_fails_cleanly(tmp_path: Path) -> None:
+    """The manager binds the daemon's socket itself: a too deep cells directory is a clear
+    CellError before anything starts, and nothing is left."""
+    parent = new_cgroup_parent()
+    cells = LocalCells(tmp_path / ("d" * 100) / "cells", cgroup_parent=parent)
+    try:
+        with pytest.raises(CellError, match=r"daemon's socket.*too long"):
+            cells.create(new_cell_id(), CellPolicy(memory_mb=128, disk_mb=16), "sbx-x", _pem())
+    finally:
+        cgroups.detect(parent).destroy_all()
+    assert list(cells.cells_dir.iterdir()) == []
+    assert mounts_under(tmp_path) == []
+
+
+@requires_cells
 def test_a_cell_that_cannot_start_leaves_nothing_behind(factory_fc: CellFactory) -> None:
     """Memory too small for the daemon itself: start-up fails, and the cleanup is complete."""
     cells = factory_fc.cells

@@ -374,7 +374,10 @@ def _listen(path: str) -> Iterator[socket.socket]:
     directory), so a cell can neither chmod it nor replace it; the daemon gets the fd."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(path)
+        try:
+            sock.bind(path)
+        except OSError as exc:  # a cells directory too deep for a unix socket path, say
+            raise CellError(f"cannot bind the daemon's socket {path}: {exc}") from exc
         os.chmod(path, 0o600)
         sock.listen(1024)
         yield sock
