@@ -19,7 +19,14 @@ import pytest
 from cells.conftest import CellFactory, mounts_under, new_cgroup_parent, requires_cells
 from sandcell import tokens
 from sandcell.isolation import cgroups
-from sandcell.isolation.cell import CellError, LocalCells, new_cell_id
+from sandcell.isolation.cell import (
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_COUNT,
+    UID_REGISTRY,
+    CellError,
+    LocalCells,
+    new_cell_id,
+)
 from sandcell.isolation.policy import LAYERS, CellPolicy, IsolationUnavailable
 
 NOBODY = 65534
@@ -192,7 +199,11 @@ def test_a_cell_that_cannot_start_leaves_nothing_behind(factory_fc: CellFactory)
 @requires_cells
 def test_out_of_cell_uids_fails_cleanly(tmp_path: Path) -> None:
     parent = new_cgroup_parent()
-    cells = LocalCells(tmp_path / "cells", cgroup_parent=parent, uid_count=1)
+    # One uid, from the top of the range: the bottom is where other sandcells on this host
+    # (a server, another test session) take theirs.
+    top = DEFAULT_UID_BASE + DEFAULT_UID_COUNT - 1
+    base = next(u for u in range(top, top - 100, -1) if not (UID_REGISTRY / str(u)).exists())
+    cells = LocalCells(tmp_path / "cells", cgroup_parent=parent, uid_base=base, uid_count=1)
     first = new_cell_id()
     try:
         cells.create(first, CellPolicy(memory_mb=128, disk_mb=16), "sbx-1", _pem())
