@@ -322,6 +322,8 @@ def _cgroup_name(cell_id: str) -> str:
     return f"cell-{cell_id}"
 
 
+# passwd/group/hosts of the cell's own (the host's users are none of its business), handed to
+# bwrap as memfds: no host file to name in the cell's mount table.
 ETC_FILES = {
     "passwd": f"root:x:0:0::/:/usr/sbin/nologin\n"
     f"sandbox:x:{CELL_UID}:{CELL_UID}::{CELL_WORKSPACE}:/bin/sh\n"
