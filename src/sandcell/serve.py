@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 
 import uvicorn
 
+from sandcell.http.guard import guarded_protocol
+from sandcell.http.logs import quiet_repeats
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.router.app import Limits, Router, create_app
@@ -81,14 +83,20 @@ async def serve(settings: Settings) -> None:
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
         )
-        limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
+        limits = Limits(
+            settings.max_inflight,
+            settings.max_sandboxes_per_key,
+            settings.max_inflight_per_key,
+            settings.body_budget_bytes,
+            settings.body_budget_per_key_bytes,
+        )
         app = create_app(Router(store, manager, limits))
         config = uvicorn.Config(
             app,
             host=settings.host,
             port=settings.port,
             loop="uvloop",
-            http="httptools",
+            http=guarded_protocol(settings.connections),
             access_log=False,
             log_level="warning",
             lifespan="on",
@@ -96,4 +104,5 @@ async def serve(settings: Settings) -> None:
             # connection while a client reuses it loses that request (httpx keeps 5 s).
             timeout_keep_alive=KEEP_ALIVE_S,
         )
+        quiet_repeats()  # after uvicorn.Config has set up its loggers
         await uvicorn.Server(config).serve()
