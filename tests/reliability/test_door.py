@@ -10,15 +10,20 @@ router's memory and log stay small.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from reliability.harness import assert_error_shape, config, rss_bytes, servers, wait_for
+from support.daemons import launch_daemon
 from support.server import RunningServer
 
 MIB = 1024 * 1024
@@ -367,8 +372,6 @@ def test_a_percent_encoded_newline_cannot_forge_a_log_line(server):
 
 @pytest.mark.slow
 def test_json_logs_escape_request_data_too(tmp_path):
-    import json
-
     with servers(tmp_path) as fleet:
         server = fleet.start("json", config_text=config(log_format="json"))
         lines = _forge(server)
@@ -426,3 +429,28 @@ def test_oversized_request_heads_are_431(server, shape):
     body = answer.partition(b"\r\n\r\n")[2]
     response = httpx.Response(431, content=body)
     assert assert_error_shape(response)["code"] == "BAD_REQUEST"
+
+
+def test_a_router_out_of_descriptors_reaps_no_healthy_sandbox(tmp_path):
+    """The probe says "inconclusive" on EMFILE, never "dead", and the reaper skips."""
+    daemon = launch_daemon(tmp_path / "daemon")
+    try:
+        daemon.initialize()
+        script = Path(__file__).with_name("out_of_descriptors.py")
+        run = subprocess.run(
+            [sys.executable, str(script), str(daemon.uds), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        daemon.stop()
+    assert run.returncode == 0, run.stderr[-3000:]
+    outcome = json.loads(run.stdout.strip().splitlines()[-1])
+    assert outcome == {
+        "healthy_before": True,
+        "probe": "OVERLOADED",
+        "reaped": [[], [], []],
+        "record": True,
+        "healthy_after": True,
+    }, run.stderr[-3000:]
