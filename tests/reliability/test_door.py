@@ -305,6 +305,53 @@ def test_unfinished_big_bodies_cannot_grow_the_router(server, keys, sid, own, fi
     }
 
 
+@pytest.mark.slow
+def test_concurrent_big_execs_are_bounded_by_the_budget(server, keys, own, figures):
+    """24 execs at once, each with a whole 8 MiB body: those past the key's share get a
+    quick 429 with Retry-After, and the router's memory stays within the budget."""
+    pid = server.proc.pid
+    sandbox = own["alice"]
+    stdin = "x" * (8 * MIB - 100)
+    before = rss_bytes(pid)
+    peak = before
+    sampling = True
+
+    def sample() -> None:
+        nonlocal peak
+        while sampling:
+            peak = max(peak, rss_bytes(pid))
+            time.sleep(0.02)
+
+    def big_exec(_: int) -> int:
+        with server.client(keys["alice"], timeout=60) as c:
+            body = {"command": "wc -c", "stdin": stdin}
+            r = c.post(f"/v1/sandboxes/{sandbox}/exec", json=body)
+            if r.status_code == 429:
+                assert r.headers["retry-after"] == "1"
+            else:
+                assert r.status_code == 200 and r.json()["stdout"].strip() == str(len(stdin))
+            return r.status_code
+
+    with ThreadPoolExecutor(1) as sampler:
+        watching = sampler.submit(sample)
+        with ThreadPoolExecutor(24) as pool:
+            statuses = list(pool.map(big_exec, range(24)))
+        sampling = False
+        watching.result()
+    after = rss_bytes(pid)
+    assert set(statuses) <= {200, 429} and 200 in statuses, statuses
+    # Each admitted body is held about twice (its chunks, then the joined bytes).
+    assert peak - before < 2 * BUDGET_PER_KEY + 48 * MIB, (peak - before) / MIB
+    figures["door: 24 concurrent 8 MiB execs"] = {
+        "served": statuses.count(200),
+        "refused_429": statuses.count(429),
+        "per_key_budget_mib": BUDGET_PER_KEY // MIB,
+        "rss_before_mib": round(before / MIB, 1),
+        "rss_peak_mib": round(peak / MIB, 1),
+        "rss_after_mib": round(after / MIB, 1),
+    }
+
+
 # -- 10. failed-key throttling -------------------------------------------------------------------
 
 
