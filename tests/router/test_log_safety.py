@@ -21,6 +21,7 @@ def test_repeated_warnings_collapse_into_one_line_and_a_count():
     handler.addFilter(repeats)
     logger = logging.getLogger("sandcell.test-repeats")
     logger.addHandler(handler)
+    logger.addFilter(repeats)  # met twice per record: counted once
     logger.propagate = False
     logger.setLevel(logging.INFO)
     try:
@@ -31,6 +32,7 @@ def test_repeated_warnings_collapse_into_one_line_and_a_count():
         logger.warning("accept failed: %s", "again")
     finally:
         logger.removeHandler(handler)
+        logger.removeFilter(repeats)
     lines = stream.getvalue().splitlines()
     warnings = [line for line in lines if line.startswith("accept failed")]
     assert warnings == [

@@ -38,6 +38,14 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
+        # A record may meet this filter twice (on its logger, then on a handler).
+        decided = getattr(record, "_repeat_pass", None)
+        if decided is None:
+            decided = self._first_in_window(record)
+            record._repeat_pass = decided
+        return decided
+
+    def _first_in_window(self, record: logging.LogRecord) -> bool:
         key = (record.name, record.levelno, str(record.msg))
         now = time.monotonic()
         started, dropped = self._seen.get(key, (0.0, 0))
@@ -53,11 +61,15 @@ class RepeatFilter(logging.Filter):
 
 
 def quiet_repeats(window_s: float = REPEAT_WINDOW_S) -> None:
-    """Installs one `RepeatFilter` on the handlers of sandcell's, uvicorn's and asyncio's
-    loggers (call it once logging is configured)."""
+    """Installs one `RepeatFilter` on sandcell's, uvicorn's and asyncio's loggers (their own
+    records), on their handlers and the root's (records propagated from child loggers); call
+    it once logging is configured."""
     repeats = RepeatFilter(window_s)
+    root = logging.getLogger()
+    targets: list[logging.Filterer] = [*root.handlers]
     for name in NOISY_LOGGERS:
         logger = logging.getLogger(name)
-        for target in logger.handlers or [logger]:
-            if not any(isinstance(f, RepeatFilter) for f in target.filters):
-                target.addFilter(repeats)
+        targets += [logger, *logger.handlers]
+    for target in targets:
+        if not any(isinstance(f, RepeatFilter) for f in target.filters):
+            target.addFilter(repeats)
