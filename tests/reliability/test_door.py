@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -114,6 +115,10 @@ def _exec_ok(c: httpx.Client, sid: str) -> float:
     return time.monotonic() - started
 
 
+def _open_descriptors(server: RunningServer) -> int:
+    return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+
+
 def _log_lines_since(server: RunningServer, offset: int) -> list[str]:
     with server.log.open("rb") as f:
         f.seek(offset)
@@ -146,6 +151,7 @@ def test_idle_connection_flood_leaves_the_door_open(server, keys, sid, figures):
     fresh client, the idle ones are closed after the header timeout, the reaper keeps the
     live sandbox, and the log stays small."""
     log_before = server.log.stat().st_size
+    fds_before = _open_descriptors(server)
     idle = [_connect(server) for _ in range(CAP + 100)]
     half = [_connect(server) for _ in range(20)]
     for s in half:
@@ -155,6 +161,8 @@ def test_idle_connection_flood_leaves_the_door_open(server, keys, sid, figures):
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
         healthz_s = time.monotonic() - started
         assert healthz_s < 1, healthz_s
+        fds_during = _open_descriptors(server)
+        assert fds_during <= fds_before + CAP + 5, (fds_before, fds_during)
         with server.client(keys["bob"]) as c:
             exec_s = _exec_ok(c, sid)
         time.sleep(2 * LIMITS["reap_interval_s"] + 0.5)  # reaper passes during the flood
@@ -176,6 +184,7 @@ def test_idle_connection_flood_leaves_the_door_open(server, keys, sid, figures):
         "healthz_ms": round(healthz_s * 1000, 1),
         "exec_ms": round(exec_s * 1000, 1),
         "log_growth_bytes": log_growth,
+        "router_descriptors_before_during": [fds_before, fds_during],
     }
 
 
@@ -401,14 +410,20 @@ FORGED = "2026-01-01 00:00:00,000 INFO sandcell.access POST /v1/admin 200"
 
 
 def _forge(server: RunningServer) -> list[str]:
-    """Sends `GET /healthz%0a<a forged line>` with no key; the log lines it produced."""
+    """Sends `GET /healthz%0a<a forged line>` with no key; the log lines it produced (those
+    that mention it or the forged text: another request's line may land meanwhile)."""
     log_before = server.log.stat().st_size
     s = _connect(server)
     target = "/healthz%0a" + FORGED.replace(" ", "%20") + "%1b[2J%e2%80%ae"
     s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
     assert _status(_closed_by_server(s, 5) or b"") == 404
     s.close()
-    return wait_for(lambda: _log_lines_since(server, log_before), 5, "the access line")
+
+    def produced() -> list[str]:
+        lines = _log_lines_since(server, log_before)
+        return [line for line in lines if "/healthz" in line or "/v1/admin" in line]
+
+    return wait_for(produced, 5, "the access line")
 
 
 def test_a_percent_encoded_newline_cannot_forge_a_log_line(server):

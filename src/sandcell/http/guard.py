@@ -47,7 +47,7 @@ BODY_TOO_SLOW = _canned(
 
 
 class HeadersTooLarge(Exception):
-    pass
+    """Raised from a parser callback: httptools stops parsing and reports an error."""
 
 
 class Door:
@@ -58,15 +58,12 @@ class Door:
         self.limits = limits
         self.cap = limits.connection_cap()
         self.idle: dict[GuardedHttpToolsProtocol, None] = {}
-        self.evicted = 0
-        self.refused = 0
 
     def evict_oldest_idle(self) -> bool:
         if not self.idle:
             return False
         oldest = next(iter(self.idle))
         oldest.drop()
-        self.evicted += 1
         return True
 
 
@@ -90,7 +87,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         door = self.door
         if len(self.connections) > door.cap and not door.evict_oldest_idle():
-            door.refused += 1
             self._answer_and_close(TOO_MANY_CONNECTIONS, True)
             return
         self._idle()
