@@ -13,8 +13,8 @@ from sandcell.http.limits import TIMED_OUT
 from sandcell.http.logs import printable
 
 log = logging.getLogger("sandcell.http")
-# Statuses of requests the client never saw answered (nginx's convention for the first):
-# recorded in metrics and the access log, never sent.
+# Statuses recorded (metrics, access log) for requests whose client is gone: it left
+# (nginx's 499), or the guard answered its too-slow body itself. Never sent by the app.
 CLIENT_CLOSED = 499
 BODY_TIMED_OUT = 408
 

@@ -8,13 +8,13 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import redis.exceptions
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from sandcell import __version__
 from sandcell.errors import ErrorCode, SandcellError
@@ -32,8 +32,8 @@ from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
 from sandcell.store import SandboxRecord, Store
 
-MAX_API_BODY = 1_048_576
 MIB = 1_048_576
+MAX_API_BODY = MIB
 log = logging.getLogger("sandcell.router")
 
 
@@ -77,7 +77,7 @@ class Router:
         request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
         return principal
 
-    def release(self, scope: dict[str, Any]) -> None:
+    def release(self, scope: Scope) -> None:
         """At the end of a request, whatever `principal` made it hold."""
         self.fair_share.release(scope)
         if (lease := scope.get(BODY_BUDGET)) is not None:

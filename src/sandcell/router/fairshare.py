@@ -6,7 +6,7 @@ requests still being authenticated are bounded by the global in-flight cap alone
 
 from __future__ import annotations
 
-from typing import Any
+from starlette.types import Scope
 
 from sandcell.errors import ErrorCode, SandcellError
 
@@ -18,7 +18,7 @@ class FairShare:
         self.per_key = per_key
         self._inflight: dict[str, int] = {}
 
-    def admit(self, scope: dict[str, Any], key: str) -> None:
+    def admit(self, scope: Scope, key: str) -> None:
         if PRINCIPAL in scope:
             return  # this request holds its slot already
         count = self._inflight.get(key, 0)
@@ -32,7 +32,7 @@ class FairShare:
         self._inflight[key] = count + 1
         scope[PRINCIPAL] = key
 
-    def release(self, scope: dict[str, Any]) -> None:
+    def release(self, scope: Scope) -> None:
         key = scope.get(PRINCIPAL)
         if key is None:
             return
