@@ -494,7 +494,8 @@ def test_oversized_request_heads_are_431(server, shape):
 
 
 def test_a_router_out_of_descriptors_reaps_no_healthy_sandbox(tmp_path):
-    """The probe says "inconclusive" on EMFILE, never "dead", and the reaper skips."""
+    """The probe says "inconclusive" on EMFILE, never "dead": the reaper skips, a pool claim
+    is a 503 and the pool keeps its cell."""
     daemon = launch_daemon(tmp_path / "daemon")
     try:
         daemon.initialize()
@@ -513,6 +514,9 @@ def test_a_router_out_of_descriptors_reaps_no_healthy_sandbox(tmp_path):
         "healthy_before": True,
         "probe": "OVERLOADED",
         "reaped": [[], [], []],
+        "claim": "OVERLOADED",
+        "still_in_pool": 1,
         "record": True,
         "healthy_after": True,
+        "claimed_after": True,
     }, run.stderr[-3000:]
