@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -186,6 +187,50 @@ def test_idle_connection_flood_leaves_the_door_open(server, keys, sid, figures):
         "log_growth_bytes": log_growth,
         "router_descriptors_before_during": [fds_before, fds_during],
     }
+
+
+@pytest.mark.slow
+def test_a_router_out_of_descriptors_keeps_its_sandboxes_and_a_small_log(tmp_path_factory, figures):
+    """Descriptors run out below the connection cap (the file limit lowered under a running
+    router): accepts fail with EMFILE for seconds, yet the log gets one line of it, health
+    probes are skipped rather than failed, and everything works once the flood ends."""
+    with servers(tmp_path_factory.mktemp("fd")) as fleet:  # short: cell sockets live below
+        server = fleet.start("emfile", config_text=config(reap_interval_s=0.5))
+        key = server.create_key("alice")
+        with server.client(key) as c:
+            r = c.post("/v1/sandboxes", json={})
+            assert r.status_code == 201, r.text
+            sandbox = r.json()["id"]
+        _, hard = resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (100, hard))
+        log_before = server.log.stat().st_size
+        flood = []
+        try:
+            for _ in range(300):
+                with contextlib.suppress(OSError):  # the backlog fills: fine
+                    flood.append(_connect(server))
+            time.sleep(4)  # accepts failing, reaper passes probing
+            log_growth = server.log.stat().st_size - log_before
+        finally:
+            for s in flood:
+                s.close()
+        lines = _log_lines_since(server, log_before)
+        assert log_growth < 4096, lines
+        assert any("health probes skipped" in line for line in lines), lines
+        with server.client(key) as c:
+            r = wait_for(lambda: _answered(c, f"/v1/sandboxes/{sandbox}"), 10, "the router")
+            assert r.json()["state"] == "running"
+            _exec_ok(c, sandbox)
+            c.delete(f"/v1/sandboxes/{sandbox}")
+    figures["door: out of descriptors"] = {"flood": len(flood), "log_growth_bytes": log_growth}
+
+
+def _answered(c: httpx.Client, path: str) -> httpx.Response | None:
+    try:
+        r = c.get(path)
+    except httpx.TransportError:
+        return None
+    return r if r.status_code == 200 else None
 
 
 def test_a_silent_connection_is_dropped_after_the_header_timeout(server):
