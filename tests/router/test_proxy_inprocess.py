@@ -36,6 +36,7 @@ def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
         workspace=str(workspace),
         uds=None,
         listen=("127.0.0.1", 0),
+        fd=None,
         inherit_env=DEFAULT_INHERIT,
         disk_quota_bytes=8 << 20,
         landlock=False,
