@@ -6,6 +6,7 @@ or a socket; the end-to-end tests cover the same path through real processes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from starlette.routing import Route
 
 from sandcell import tokens
 from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.daemon import spawn
 from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
 from sandcell.http.errors import EXCEPTION_HANDLERS
@@ -27,6 +29,13 @@ from sandcell.router.proxy import DaemonProxy
 from sandcell.store import SandboxRecord, Sealer, open_store
 
 SANDBOX_ID = "sbx-inproc"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _spawner() -> None:
+    """The daemon's spawner thread, unconfined (this test process is not a cell)."""
+    with contextlib.suppress(RuntimeError):  # already running in this process
+        spawn.start(spawn.OwnOomScore(), confine=None)
 
 
 def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
