@@ -39,7 +39,8 @@ DERANDOMIZE = os.environ.get("SANDCELL_FUZZ_RANDOM") != "1"
 CASE_TIMEOUT_S = 30
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 PROXIED = ("/health", "/init", "/openapi.json")  # the daemon's paths the router never proxies
-NOT_ON_THE_HOST = {("POST", "/v1/exec")}  # random commands run only inside a cell
+# Random commands run only inside a cell.
+NOT_ON_THE_HOST = {("POST", "/v1/exec"), ("POST", "/v1/processes")}
 
 
 # -- the OpenAPI documents -----------------------------------------------------------------------

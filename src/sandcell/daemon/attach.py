@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sandcell.daemon.outputlog import Chunk
+from sandcell.daemon.outputlog import Chunk, parse_offset
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import path_with_query
 from sandcell.http.errors import error_response
@@ -30,7 +30,7 @@ async def attach(websocket: WebSocket) -> None:
             websocket.headers.get("authorization"), "GET", path_with_query(websocket), None, False
         )
         process = daemon.processes.get(websocket.path_params["pid"])
-        offset = _offset(websocket.query_params.get("offset", "0"))
+        offset = parse_offset(websocket.query_params.get("offset", "0"))
     except SandcellError as exc:
         await websocket.send_denial_response(error_response(exc))
         return
@@ -44,12 +44,6 @@ async def attach(websocket: WebSocket) -> None:
             task.cancel()
         with contextlib.suppress(Exception):
             await websocket.close()
-
-
-def _offset(raw: str) -> int:
-    if not raw.isdigit():
-        raise SandcellError(ErrorCode.BAD_REQUEST, "offset must be a non-negative integer")
-    return int(raw)
 
 
 async def _send_output(websocket: WebSocket, process: Process, offset: int) -> None:

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from sandcell.errors import ErrorCode, SandcellError
+
 DEFAULT_CAP = 1_048_576
 
 
@@ -36,6 +38,13 @@ class Lost:
 class _Stream:
     chunks: deque[Chunk] = field(default_factory=deque)
     size: int = 0
+
+
+def parse_offset(raw: str) -> int:
+    """An offset as written in a query string (ASCII digits only: int() takes others)."""
+    if not (raw.isascii() and raw.isdigit()):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "offset must be a non-negative integer")
+    return int(raw)
 
 
 def _start(chunk: Chunk) -> int:

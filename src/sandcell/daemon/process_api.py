@@ -14,7 +14,7 @@ from starlette.routing import WebSocketRoute
 from sandcell.cellapi import processes as schemas
 from sandcell.cellapi.processes import TerminalSize
 from sandcell.daemon.attach import attach
-from sandcell.daemon.outputlog import Chunk
+from sandcell.daemon.outputlog import Chunk, parse_offset
 from sandcell.daemon.proctable import Launch, Process, parse_signal
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body
@@ -69,13 +69,11 @@ async def get_process(request: Request) -> Response:
 
 async def process_output(request: Request) -> Response:
     _daemon(request).authorize(request, None, body_required=False)
-    raw_offset = request.query_params.get("offset", "0")
-    if not raw_offset.isdigit():
-        raise SandcellError(ErrorCode.BAD_REQUEST, "offset must be a non-negative integer")
+    offset = parse_offset(request.query_params.get("offset", "0"))
     follow = request.query_params.get("follow", "false").lower()
     if follow not in ("true", "false", "1", "0"):
         raise SandcellError(ErrorCode.BAD_REQUEST, "follow must be true or false")
-    lines = _output_lines(_process(request), int(raw_offset), follow in ("true", "1"))
+    lines = _output_lines(_process(request), offset, follow in ("true", "1"))
     return StreamingResponse(lines, media_type=NDJSON)
 
 

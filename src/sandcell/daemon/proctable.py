@@ -236,8 +236,9 @@ class ProcessTable:
 
     def get(self, pid: int | str) -> Process:
         """The process `pid` (an int, or as written in a path)."""
-        number = int(pid) if isinstance(pid, int) or pid.isdigit() else -1
-        found = self._running.get(number) or self._exited.get(number)
+        if isinstance(pid, str):
+            pid = int(pid) if pid.isascii() and pid.isdigit() else -1
+        found = self._running.get(pid) or self._exited.get(pid)
         if found is None:
             raise SandcellError(ErrorCode.NOT_FOUND, f"no process {pid}", {"pid": pid})
         return found
@@ -286,7 +287,12 @@ def _spawn(launch: Launch, kill_tree: KillTree) -> Process:
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), False)
         return Process(launch, proc, None, kill_tree)
-    pty = terminal.open_pty(*launch.pty)
+    try:
+        pty = terminal.open_pty(*launch.pty)
+    except OSError as exc:
+        raise SandcellError(
+            ErrorCode.OVERLOADED, f"cannot allocate a terminal: {exc.strerror or exc}"
+        ) from exc
     try:
         argv = terminal.with_controlling_tty(launch.argv, pty.slave_path)
         proc = _spawn_or_fail(

@@ -21,11 +21,12 @@ from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import schemas
+from sandcell.router import schemas, websocket
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
+from sandcell.router.usage import SandboxMetrics, sandbox_metrics
 from sandcell.store import SandboxRecord, Store
 
 MAX_API_BODY = 1_048_576
@@ -207,6 +208,14 @@ OPERATIONS = (
         errors=(404,),
     ),
     Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204),
+    Operation(
+        "GET",
+        f"{_SBX}/metrics",
+        sandbox_metrics,
+        "CPU, memory, pids and disk use of a sandbox (from the backend)",
+        response=SandboxMetrics,
+        errors=(404, 409, 501),
+    ),
     *(
         Operation(
             m,
@@ -264,7 +273,11 @@ def create_app(router: Router) -> Starlette:
             await router.proxy.close()
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=[*routes(OPERATIONS), websocket.ROUTE],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
     app.state.router = router
     app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
     app.add_middleware(RequestContext, router=router)
