@@ -227,8 +227,12 @@ def test_reader_reconnecting_with_offset_gets_exactly_what_it_missed(client: Dae
 
 
 def test_rotated_output_is_reported_lost(client: DaemonClient):
-    """Without a follower, a stream keeps its last bytes; a late reader learns what it lost."""
-    pid = start(client, "head -c 50000 /dev/zero | tr '\\0' a", max_buffer_bytes=1024)
+    """Without a follower, a stream keeps its last bytes; a late reader learns what it lost.
+    (The output is held for the first live reader: one comes and goes at once here.)"""
+    pid = start(client, "sleep 0.2; head -c 50000 /dev/zero | tr '\\0' a", max_buffer_bytes=1024)
+    path = f"/v1/processes/{pid}/output?follow=true"
+    with client.http.stream("GET", path, headers=_auth(client, path)) as r:
+        assert r.status_code == 200
     wait_exited(client, pid)
     lines = output(client, pid)
     assert lines[0]["type"] == "lost"

@@ -108,7 +108,21 @@ class Blocking:
     args: tuple[Any, ...]
 
 
-Effect = Send | Read | Close | Sleep | Invoke | Blocking
+@dataclass(frozen=True)
+class Spawn:
+    """Runs another operation alongside this one (a thread, or a task); gives a job."""
+
+    op: Generator[Effect, Any, Any]
+
+
+@dataclass(frozen=True)
+class Join:
+    """Waits for a spawned job; its result, or its exception raised here."""
+
+    job: Any
+
+
+Effect = Send | Read | Close | Sleep | Invoke | Blocking | Spawn | Join
 Op = Generator[Effect, Any, T]
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from sandcell.errors import ErrorCode, SandcellError
 
 DEFAULT_CAP = 1_048_576
+_HOLD = -1  # the follower id of the initial hold
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class OutputLog:
         self.closed = False
         self._streams = {name: _Stream() for name in streams}
         self._followers: dict[int, int] = {}  # id -> offset reached
-        self._ids = itertools.count()
+        self._ids = itertools.count()  # from 0: never _HOLD
         self._wakeup = asyncio.Event()
         self._on_drained: list[Callable[[], None]] = []
 
@@ -75,6 +76,16 @@ class OutputLog:
     @property
     def over_cap(self) -> bool:
         return any(s.size > self.cap for s in self._streams.values())
+
+    def hold_for_first_reader(self, seconds: float) -> None:
+        """Keeps everything from offset 0 until a live reader attaches or `seconds` pass:
+        a client that starts a process and then follows it gets its first bytes too."""
+        self._followers[_HOLD] = 0
+        asyncio.get_running_loop().call_later(seconds, self._release_hold)
+
+    def _release_hold(self) -> None:
+        if self._followers.pop(_HOLD, None) is not None:
+            self._trim()
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         self._on_drained.append(callback)
@@ -120,6 +131,8 @@ class OutputLog:
         """Everything from `offset`; with `live`, then new output until the log closes."""
         me = next(self._ids)
         self._followers[me] = max(offset, 0)
+        if live:
+            self._release_hold()
         try:
             while True:
                 wakeup = self._wakeup

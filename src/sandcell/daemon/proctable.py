@@ -29,6 +29,7 @@ MAX_RUNNING = 64
 KEEP_EXITED = 64
 PIPE_STREAMS = ("stdout", "stderr")
 PTY_STREAMS = ("pty",)
+FIRST_READER_HOLD_S = 5.0
 EOF_CHAR = b"\x04"  # a terminal's end of input (VEOF), what Ctrl-D sends
 
 
@@ -92,6 +93,7 @@ class Process:
         self.pty = pty
         self.started_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         self.log = OutputLog(PTY_STREAMS if pty else PIPE_STREAMS, launch.buffer_bytes)
+        self.log.hold_for_first_reader(FIRST_READER_HOLD_S)
         self.exit: dict[str, Any] | None = None
         self.timed_out = False
         self._open_streams = set(self.log_streams)
