@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sandcell.client.binding import AsyncBound, SyncBound, operation
+from sandcell.client.config import ClientConfig
 from sandcell.client.errors import (
     ConnectionFailedError,
     NotFoundError,
@@ -107,10 +108,11 @@ class _Output:
         text = self._decoders[kind].decode(data)
         stream = "stdout" if kind == "pty" else kind
         self._keep(stream, text)
-        callback = self.callbacks.get(kind)
-        if callback is None:
-            return []
-        return [(callback, data if kind == "pty" else text)] if data else []
+        if (callback := self.callbacks.get(kind)) is not None:
+            return [(callback, data if kind == "pty" else text)] if data else []
+        if kind == "pty" and (callback := self.callbacks.get("stdout")) is not None:
+            return [(callback, text)] if text else []  # a terminal's output, as text
+        return []
 
     def _keep(self, stream: str, text: str) -> None:
         room = KEPT_OUTPUT_CHARS - self._size[stream]
@@ -157,6 +159,10 @@ class CommandHandleBase:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pid={self.pid} {self.info.command!r}>"
 
+    def attach_target(self) -> tuple[str, dict[str, str]]:
+        """The WebSocket URL and headers of an interactive attach (SPEC §9)."""
+        return attach_target(self._transport.config, self.sandbox_id, self.pid)
+
     def _start_following(self) -> Op[None]:
         self._job = yield Spawn(self._follow())
 
@@ -172,7 +178,7 @@ class CommandHandleBase:
         while True:
             offset = self._output.offset
             try:
-                yield from self._read_output()
+                yield from self._read_output(self._output)
             except (ConnectionFailedError, SandboxUnreachableError):
                 failures += 1
                 if failures > MAX_RECONNECTS:
@@ -183,8 +189,17 @@ class CommandHandleBase:
             if self._output.offset > offset:
                 failures = 0
 
-    def _read_output(self) -> Op[None]:
-        params = {"follow": "true", "offset": str(self._output.offset)}
+    @operation
+    def replay(
+        self, on_stdout: Callback | None = None, on_stderr: Callback | None = None
+    ) -> Op[None]:
+        """Hand the output buffered so far (the last 1 MiB of each stream) to these
+        callbacks, without waiting for more (a terminal's output goes to `on_stdout`)."""
+        once = _Output({"stdout": on_stdout, "stderr": on_stderr})
+        yield from self._read_output(once, follow=False)
+
+    def _read_output(self, output: _Output, follow: bool = True) -> Op[None]:
+        params = {"follow": str(follow).lower(), "offset": str(output.offset)}
         request = Request(
             "GET",
             process_path(self.sandbox_id, self.pid, "output"),
@@ -197,7 +212,7 @@ class CommandHandleBase:
         while True:
             chunk = yield Read(reply.stream)
             for event in decoder.feed(chunk) if chunk else decoder.close():
-                for callback, value in self._output.add(event):
+                for callback, value in output.add(event):
                     yield Invoke(callback, (value,))
             if not chunk:
                 return
@@ -236,6 +251,13 @@ def send_stdin(transport: Any, sandbox_id: str, pid: int, data: str | bytes) -> 
         idempotent=False,  # bytes written twice would be read twice
     )
     yield from call(request, transport.config.retry)
+
+
+def attach_target(config: ClientConfig, sandbox_id: str, pid: int) -> tuple[str, dict[str, str]]:
+    """The WebSocket URL and headers that attach to a process (`.../processes/{pid}/ws`)."""
+    scheme, sep, rest = config.url.rstrip("/").partition("://")
+    ws_scheme = "wss" if scheme == "https" else "ws"
+    return f"{ws_scheme}{sep}{rest}{process_path(sandbox_id, pid, 'ws')}", config.headers()
 
 
 def close_stdin(transport: Any, sandbox_id: str, pid: int) -> Op[None]:
