@@ -14,28 +14,9 @@ import pytest
 
 from sandcell.client import ClientConfig, Sandbox
 from sandcell.daemon import terminal
-from sdk.helpers import stop_and_clean
-from support.server import RunningServer, sandcell_bin, start_server
+from support.server import sandcell_bin
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("cli-it") / "data", warm_pool=1)
-    try:
-        yield srv
-    finally:
-        stop_and_clean(srv)
-
-
-@pytest.fixture(scope="module")
-def env(server: RunningServer) -> dict[str, str]:
-    return {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "SANDCELL_URL": server.url,
-        "SANDCELL_API_KEY": server.create_key("cli-it"),
-    }
 
 
 @pytest.fixture

@@ -156,7 +156,15 @@ def test_websocket_without_valid_token_is_refused_before_upgrade(
     forged = tokens.mint_request_token(
         tokens.generate_p256(), daemon.sandbox_id, "GET", f"/v1/processes/{pid}/ws"
     )
-    for token in ("", "garbage", other_path, post, forged):
+    other_sandbox = tokens.mint_request_token(
+        daemon.session_key, "sbx-another", "GET", f"/v1/processes/{pid}/ws"
+    )
+    replayed = tokens.mint_request_token(
+        daemon.session_key, daemon.sandbox_id, "GET", f"/v1/processes/{pid}/ws"
+    )
+    with attach(daemon, pid, replayed):
+        pass  # used once: fine
+    for token in ("", "garbage", other_path, post, forged, other_sandbox, replayed):
         with pytest.raises(InvalidStatus) as refused:
             attach(daemon, pid, token)
         assert refused.value.response.status_code == 401
