@@ -24,14 +24,16 @@ from sandcell import tokens
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.errors import error_response
 from sandcell.router.proxy import CONNECT_TIMEOUT_S, _daemon_target
+from sandcell.store import SandboxRecord
 
 DAEMON_HOST = "sandcell-daemon"
 NORMAL_CLOSURE = 1000
+TOUCH_EVERY_S = 10.0
 
 
 async def proxy_websocket(websocket: WebSocket) -> None:
     try:
-        upstream = await _open_upstream(websocket)
+        upstream, activity = await _open_upstream(websocket)
     except SandcellError as exc:
         await websocket.send_denial_response(error_response(exc))
         return
@@ -47,10 +49,28 @@ async def proxy_websocket(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     async with upstream:
-        await _relay(websocket, upstream)
+        await _relay(websocket, upstream, activity)
 
 
-async def _open_upstream(websocket: WebSocket) -> ClientConnection:
+class _Activity:
+    """Frames either way count as the sandbox's activity, so a long terminal session is not
+    reaped as idle (one store write per TOUCH_EVERY_S at most, or a third of the idle
+    timeout when that is shorter)."""
+
+    def __init__(self, store: Any, record: SandboxRecord) -> None:
+        self.store = store
+        self.sandbox_id = record.id
+        self.every_s = min(TOUCH_EVERY_S, record.idle_timeout_s / 3)
+        self._last = time.monotonic()
+
+    async def seen(self) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            await self.store.touch(self.sandbox_id, time.time())
+
+
+async def _open_upstream(websocket: WebSocket) -> tuple[ClientConnection, _Activity]:
     r = websocket.app.state.router
     _, record = await r.owned(websocket)
     if record.state != "running":
@@ -60,7 +80,7 @@ async def _open_upstream(websocket: WebSocket) -> ClientConnection:
     token = tokens.mint_request_token(key, record.id, "GET", target)
     await r.store.touch(record.id, time.time())
     try:
-        return await _connect(record.endpoint, target, {"authorization": f"Bearer {token}"})
+        upstream = await _connect(record.endpoint, target, {"authorization": f"Bearer {token}"})
     except InvalidStatus:
         raise
     except (OSError, TimeoutError, InvalidHandshake) as exc:
@@ -69,6 +89,7 @@ async def _open_upstream(websocket: WebSocket) -> ClientConnection:
             "the sandbox is unreachable",
             {"sandbox_id": record.id},
         ) from exc
+    return upstream, _Activity(r.store, record)
 
 
 def _connect(
@@ -87,9 +108,9 @@ def _connect(
     return connect(f"ws://{netloc}:{endpoint['port']}{target}", **options)
 
 
-async def _relay(websocket: WebSocket, upstream: ClientConnection) -> None:
-    inbound = asyncio.ensure_future(_user_to_daemon(websocket, upstream))
-    outbound = asyncio.ensure_future(_daemon_to_user(websocket, upstream))
+async def _relay(websocket: WebSocket, upstream: ClientConnection, activity: _Activity) -> None:
+    inbound = asyncio.ensure_future(_user_to_daemon(websocket, upstream, activity))
+    outbound = asyncio.ensure_future(_daemon_to_user(websocket, upstream, activity))
     try:
         await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -102,12 +123,15 @@ async def _relay(websocket: WebSocket, upstream: ClientConnection) -> None:
             await websocket.close(code if code != 1006 else NORMAL_CLOSURE)
 
 
-async def _user_to_daemon(websocket: WebSocket, upstream: ClientConnection) -> None:
+async def _user_to_daemon(
+    websocket: WebSocket, upstream: ClientConnection, activity: _Activity
+) -> None:
     with contextlib.suppress(WebSocketDisconnect, ConnectionClosed):
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
+            await activity.seen()
             data = message.get("bytes")
             if data is None:
                 data = message.get("text")
@@ -115,9 +139,12 @@ async def _user_to_daemon(websocket: WebSocket, upstream: ClientConnection) -> N
                 await upstream.send(data)
 
 
-async def _daemon_to_user(websocket: WebSocket, upstream: ClientConnection) -> None:
+async def _daemon_to_user(
+    websocket: WebSocket, upstream: ClientConnection, activity: _Activity
+) -> None:
     with contextlib.suppress(ConnectionClosed, WebSocketDisconnect, RuntimeError):
         async for message in upstream:
+            await activity.seen()
             if isinstance(message, bytes):
                 await websocket.send_bytes(message)
             else:
