@@ -50,6 +50,7 @@ async def test_callbacks_get_every_byte(flavour: Flavour, config: ClientConfig, 
         streamed: list[str] = []
         result = await flavour(sbx.commands.run(command, on_stdout=streamed.append))
         assert len("".join(streamed)) == BIG and result.exit_code == 0
+        assert result.stdout_truncated and len(result.stdout) == 1_048_576  # memory bounded
 
 
 async def test_signal_list_connect_kill(flavour: Flavour, config: ClientConfig, shared_sandbox):

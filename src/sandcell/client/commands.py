@@ -109,9 +109,9 @@ class CommandsBase:
         added to the sandbox's environment; `stdin` is fed to the command (closed otherwise).
 
         With `on_stdout`/`on_stderr` the output is streamed: each callback gets text chunks
-        as the command writes them (not necessarily whole lines); the result still holds all
-        of it. Output past `max_output_bytes` per stream (1 MiB by default) is dropped and
-        flagged in `stdout_truncated`/`stderr_truncated`. `check=True` raises
+        as the command writes them (not necessarily whole lines), every byte of it. The
+        result keeps `max_output_bytes` per stream (1 MiB by default); more is dropped from
+        it and flagged in `stdout_truncated`/`stderr_truncated`. `check=True` raises
         `CommandExitError` (with `.result`) when the exit code is not 0.
 
         `background=True` starts the command and returns a `CommandHandle` at once (`pid`,
@@ -144,7 +144,8 @@ class CommandsBase:
         if not streaming:
             result = CommandResult.from_dict(reply.json())
         else:
-            result = yield from _follow(reply.stream, {"stdout": on_stdout, "stderr": on_stderr})
+            callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+            result = yield from _follow(reply.stream, callbacks, max_output_bytes)
         if check and result.exit_code != 0:
             raise CommandExitError(result)
         return result
@@ -198,9 +199,11 @@ class CommandsBase:
         return self._transport.config.retry
 
 
-def _follow(stream: Any, callbacks: Mapping[str, OutputCallback | None]) -> Op[CommandResult]:
+def _follow(
+    stream: Any, callbacks: Mapping[str, OutputCallback | None], cap: int | None
+) -> Op[CommandResult]:
     """Reads NDJSON events as they arrive, hands output to the callbacks, keeps it all."""
-    decoder, collected = NdjsonDecoder(), OutputCollector()
+    decoder, collected = NdjsonDecoder(), OutputCollector(cap)
     while True:
         chunk = yield Read(stream)
         for event in decoder.feed(chunk) if chunk else decoder.close():

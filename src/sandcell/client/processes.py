@@ -28,6 +28,7 @@ from sandcell.client.protocol import (
     Join,
     NdjsonDecoder,
     Op,
+    OutputCollector,
     Read,
     Request,
     Sleep,
@@ -37,7 +38,6 @@ from sandcell.client.protocol import (
 
 # Following a process may stay quiet for as long as it runs: no practical read timeout.
 FOLLOW_READ_TIMEOUT_S = 30 * 86_400.0
-KEPT_OUTPUT_CHARS = 1_048_576  # what wait()'s result keeps per stream (callbacks get all)
 MAX_RECONNECTS = 5
 
 Callback = Callable[[Any], Any]
@@ -81,15 +81,13 @@ def process_path(sandbox_id: str, pid: int | None = None, rest: str = "") -> str
 
 
 class _Output:
-    """Turns output events into callback calls and the text a result keeps."""
+    """Turns a process's output events into callback calls and the text a result keeps."""
 
     def __init__(self, callbacks: Mapping[str, Callback | None]) -> None:
         self.callbacks = callbacks
         self.offset = 0
-        self.exit: dict[str, Any] | None = None
-        self._text: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self._size = {"stdout": 0, "stderr": 0}
-        self.truncated = {"stdout": False, "stderr": False}
+        self.kept = OutputCollector()
+        self.exited = False
         self._decoders = {
             name: codecs.getincrementaldecoder("utf-8")("replace")
             for name in ("stdout", "stderr", "pty")
@@ -99,41 +97,20 @@ class _Output:
         """Records an event; returns the callback calls it makes."""
         kind = event.get("type")
         if kind == "exit":
-            self.exit = dict(event)
+            self.kept.add(event)
+            self.exited = True
             return []
         if kind not in self._decoders or "data_b64" not in event:
             return []  # "lost" and newer event types: nothing to keep
         data = base64.b64decode(str(event["data_b64"]))
         self.offset = int(event.get("offset", self.offset)) + len(data)
         text = self._decoders[kind].decode(data)
-        stream = "stdout" if kind == "pty" else kind
-        self._keep(stream, text)
+        self.kept.keep("stdout" if kind == "pty" else kind, text)
         if (callback := self.callbacks.get(kind)) is not None:
             return [(callback, data if kind == "pty" else text)] if data else []
         if kind == "pty" and (callback := self.callbacks.get("stdout")) is not None:
             return [(callback, text)] if text else []  # a terminal's output, as text
         return []
-
-    def _keep(self, stream: str, text: str) -> None:
-        room = KEPT_OUTPUT_CHARS - self._size[stream]
-        if len(text) > room:
-            self.truncated[stream] = True
-            text = text[: max(room, 0)]
-        if text:
-            self._text[stream].append(text)
-            self._size[stream] += len(text)
-
-    def result(self) -> CommandResult:
-        assert self.exit is not None
-        return CommandResult.from_dict(
-            {
-                **self.exit,
-                "stdout": "".join(self._text["stdout"]),
-                "stderr": "".join(self._text["stderr"]),
-                "stdout_truncated": self.truncated["stdout"],
-                "stderr_truncated": self.truncated["stderr"],
-            }
-        )
 
 
 class CommandHandleBase:
@@ -184,8 +161,8 @@ class CommandHandleBase:
                 if failures > MAX_RECONNECTS:
                     raise
                 yield Sleep(min(0.1 * 2**failures, 2.0))
-            if self._output.exit is not None:
-                return self._output.result()
+            if self._output.exited:
+                return self._output.kept.result()
             if self._output.offset > offset:
                 failures = 0
 
