@@ -92,7 +92,7 @@ class Process:
         self.pid = proc.pid
         self.pty = pty
         self.started_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        self.log = OutputLog(PTY_STREAMS if pty else PIPE_STREAMS, launch.buffer_bytes)
+        self.log = OutputLog(self.log_streams, launch.buffer_bytes)
         self.log.hold_for_first_reader(FIRST_READER_HOLD_S)
         self.exit: dict[str, Any] | None = None
         self.timed_out = False
