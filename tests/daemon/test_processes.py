@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -15,6 +16,9 @@ from websockets.sync.client import ClientConnection, unix_connect
 
 from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
+from sandcell.daemon import proctable
+from sandcell.daemon.outputlog import Lost
+from sandcell.daemon.runner import Runner
 from support.daemons import RunningDaemon
 
 
@@ -316,3 +320,49 @@ def test_streamed_exec_is_complete_and_holds_the_command_back(
     assert exit_line is not None and exit_line["exit_code"] == 0
     assert exit_line["stdout_truncated"] is False
     assert marker.exists()
+
+
+def test_running_buffers_have_a_total_budget(client: DaemonClient, kill_all: None):
+    big = {"max_buffer_bytes": 8 * 1_048_576}  # two streams: 16 MiB reserved each
+    deadline = time.monotonic() + 10
+    while any(p["state"] == "running" for p in call(client, "GET", "").json()["processes"]):
+        assert time.monotonic() < deadline  # earlier tests' processes are gone
+        time.sleep(0.05)
+    pids = [start(client, "sleep 30", **big) for _ in range(8)]
+    small = {"command": "true", "max_buffer_bytes": 1024}
+    for body in ({"command": "true", **big}, small):
+        r = client.signed_request("POST", "/v1/processes", json_body=body)
+        assert r.status_code == 429 and "budget" in r.json()["error"]["message"]
+    call(client, "DELETE", f"/{pids[0]}")
+    output(client, pids[0])  # returns once it has exited: its reservation is released
+    start(client, **small)
+
+
+@pytest.mark.anyio
+async def test_exited_output_has_a_total_budget(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """The oldest exited processes' output goes first; their records stay."""
+    monkeypatch.setattr(proctable, "EXITED_OUTPUT_BUDGET", 100_000)
+    table = proctable.ProcessTable(Runner())
+    pids = []
+    for _ in range(3):
+        launch = proctable.Launch(
+            command="x",
+            argv=["/bin/sh", "-c", "head -c 60000 /dev/zero"],
+            cwd=str(tmp_path),
+            cwd_shown=".",
+            env={"PATH": "/usr/bin:/bin"},
+            timeout_s=0,
+            stdin=False,
+            pty=None,
+            tag=None,
+            buffer_bytes=1_048_576,
+        )
+        process = await table.start(launch)
+        async for _ in process.log.follow(0, live=True):
+            pass
+        pids.append(process.pid)
+    while any(p["state"] == "running" for p in table.list()):
+        await asyncio.sleep(0.01)
+    first, _, last = (table.get(pid).log for pid in pids)
+    assert first.read(0)[0] == [Lost(60_000)]
+    assert last.retained == 60_000

@@ -10,7 +10,7 @@ from sandcell.cellapi.schemas import MAX_TIMEOUT_S, ExecRequest, _Strict
 
 MAX_TAG = 256
 DEFAULT_BUFFER = 1_048_576
-MAX_BUFFER = 16 * 1_048_576
+MAX_BUFFER = 8 * 1_048_576
 MAX_TERMINAL_SIZE = 10_000
 
 

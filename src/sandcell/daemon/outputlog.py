@@ -74,6 +74,16 @@ class OutputLog:
         return self.over_cap
 
     @property
+    def retained(self) -> int:
+        return sum(s.size for s in self._streams.values())
+
+    def discard(self) -> None:
+        """Forgets every byte kept (a later reader is told they were lost)."""
+        for s in self._streams.values():
+            s.chunks.clear()
+            s.size = 0
+
+    @property
     def over_cap(self) -> bool:
         return any(s.size > self.cap for s in self._streams.values())
 

@@ -27,6 +27,9 @@ from sandcell.errors import ErrorCode, SandcellError
 
 MAX_RUNNING = 64
 KEEP_EXITED = 64
+# The daemon's memory is the cell's: output buffers are bounded in total, not only per process.
+RUNNING_BUFFER_BUDGET = 128 * 1_048_576  # the sum of running processes' buffer caps
+EXITED_OUTPUT_BUDGET = 32 * 1_048_576  # output kept for exited processes, oldest dropped first
 PIPE_STREAMS = ("stdout", "stderr")
 PTY_STREAMS = ("pty",)
 FIRST_READER_HOLD_S = 5.0
@@ -252,6 +255,7 @@ class ProcessTable:
                 f"{MAX_RUNNING} processes are already running",
                 headers={"Retry-After": "1"},
             )
+        self._check_buffer_budget(launch)
         process = _spawn(launch, self._kill_tree)
         self._runner.track(process.pid)
         self._exited.pop(process.pid, None)  # the pid was reused
@@ -266,6 +270,17 @@ class ProcessTable:
         task.add_done_callback(self._tasks.discard)
         return process
 
+    def _check_buffer_budget(self, launch: Launch) -> None:
+        streams = len(PTY_STREAMS if launch.pty else PIPE_STREAMS)
+        reserved = sum(p.launch.buffer_bytes * len(p.log_streams) for p in self._running.values())
+        if reserved + launch.buffer_bytes * streams > RUNNING_BUFFER_BUDGET:
+            raise SandcellError(
+                ErrorCode.RATE_LIMITED,
+                "the running processes' output buffers use the whole budget "
+                f"({RUNNING_BUFFER_BUDGET} bytes): use a smaller max_buffer_bytes",
+                headers={"Retry-After": "1"},
+            )
+
     def _kill_tree(self, pid: int) -> None:
         processes.kill_command_tree(pid, self._runner.running_pids - {pid})
 
@@ -275,6 +290,12 @@ class ProcessTable:
         self._exited[process.pid] = process
         while len(self._exited) > KEEP_EXITED:
             self._exited.popitem(last=False)
+        kept = sum(p.log.retained for p in self._exited.values())
+        for old in self._exited.values():  # oldest first
+            if kept <= EXITED_OUTPUT_BUDGET:
+                break
+            kept -= old.log.retained
+            old.log.discard()
 
 
 def _spawn(launch: Launch, kill_tree: KillTree) -> Process:
