@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -266,3 +267,30 @@ def test_a_websocket_session_counts_as_activity(server, key):
         while c.get(base).status_code != 404:
             assert time.monotonic() < deadline, "an idle sandbox was not reaped"
             time.sleep(0.5)
+
+
+def test_websocket_sessions_are_bounded_per_key(server, sandbox):
+    """Each session holds two connections in the router: one key cannot exhaust them."""
+    c, base = sandbox
+    key = server.create_key(f"many-{secrets.token_hex(3)}")
+    pid = start(c, base, "sleep 600")
+    path = f"{base}/processes/{pid}/ws"
+    # The sandbox is another key's: 404 before the per-key count is even looked at.
+    with pytest.raises(InvalidStatus) as refused:
+        attach(server, path, key)
+    assert refused.value.response.status_code == 404
+    owner = c.headers["authorization"].removeprefix("Bearer ")
+    with contextlib.ExitStack() as stack:
+        for _ in range(64):
+            stack.enter_context(attach(server, path, owner))
+        with pytest.raises(InvalidStatus) as refused:
+            attach(server, path, owner)
+        assert refused.value.response.status_code == 429
+    deadline = time.monotonic() + 10
+    while True:  # closed sessions free their slots (once the router has seen them close)
+        try:
+            with attach(server, path, owner):
+                break
+        except InvalidStatus:
+            assert time.monotonic() < deadline, "slots were not released"
+            time.sleep(0.1)

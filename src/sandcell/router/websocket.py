@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.responses import Response
@@ -26,29 +29,64 @@ from sandcell.http.errors import error_response
 from sandcell.router.proxy import CONNECT_TIMEOUT_S, _daemon_target
 from sandcell.store import SandboxRecord
 
+log = logging.getLogger("sandcell.router")
 DAEMON_HOST = "sandcell-daemon"
 NORMAL_CLOSURE = 1000
 TOUCH_EVERY_S = 10.0
+MAX_SESSIONS_PER_KEY = 64
+MAX_SESSIONS = 1024
+
+
+class _Sessions:
+    """Open sessions hold two connections each: bounded per key and in all, so that no key
+    can exhaust the router's file descriptors."""
+
+    def __init__(self) -> None:
+        self.by_key: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        if self.by_key[key] >= MAX_SESSIONS_PER_KEY or self.by_key.total() >= MAX_SESSIONS:
+            raise SandcellError(
+                ErrorCode.RATE_LIMITED,
+                "too many open WebSocket sessions",
+                {"per_key": MAX_SESSIONS_PER_KEY, "total": MAX_SESSIONS},
+                headers={"Retry-After": "5"},
+            )
+        self.by_key[key] += 1
+        try:
+            yield
+        finally:
+            self.by_key[key] -= 1
+            if not self.by_key[key]:
+                del self.by_key[key]
+
+
+def _sessions(websocket: WebSocket) -> _Sessions:
+    state = websocket.app.state
+    if getattr(state, "websocket_sessions", None) is None:
+        state.websocket_sessions = _Sessions()
+    return state.websocket_sessions
 
 
 async def proxy_websocket(websocket: WebSocket) -> None:
-    try:
-        upstream, activity = await _open_upstream(websocket)
-    except SandcellError as exc:
-        await websocket.send_denial_response(error_response(exc))
-        return
-    except InvalidStatus as exc:  # the daemon refused: its answer is the user's
-        answer = exc.response
-        await websocket.send_denial_response(
-            Response(
-                bytes(answer.body or b""),
-                answer.status_code,
-                media_type=answer.headers.get("content-type", "application/json"),
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            upstream, activity = await _open_upstream(websocket, stack)
+        except SandcellError as exc:
+            await websocket.send_denial_response(error_response(exc))
+            return
+        except InvalidStatus as exc:  # the daemon refused: its answer is the user's
+            answer = exc.response
+            await websocket.send_denial_response(
+                Response(
+                    bytes(answer.body or b""),
+                    answer.status_code,
+                    media_type=answer.headers.get("content-type", "application/json"),
+                )
             )
-        )
-        return
-    await websocket.accept()
-    async with upstream:
+            return
+        await websocket.accept()
         await _relay(websocket, upstream, activity)
 
 
@@ -67,12 +105,19 @@ class _Activity:
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self._last = now
-            await self.store.touch(self.sandbox_id, time.time())
+            try:
+                await self.store.touch(self.sandbox_id, time.time())
+            except Exception as exc:  # a store outage must not cut a live session
+                log.warning("could not record activity of %s: %s", self.sandbox_id, exc)
 
 
-async def _open_upstream(websocket: WebSocket) -> tuple[ClientConnection, _Activity]:
+async def _open_upstream(
+    websocket: WebSocket, stack: contextlib.AsyncExitStack
+) -> tuple[ClientConnection, _Activity]:
+    """The daemon's side of the session (closed with `stack`), before the user's upgrade."""
     r = websocket.app.state.router
-    _, record = await r.owned(websocket)
+    principal, record = await r.owned(websocket)
+    stack.enter_context(_sessions(websocket).hold(principal.name))
     if record.state != "running":
         raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
     target = _daemon_target(websocket, websocket.path_params["rest"])  # type: ignore[arg-type]
@@ -89,6 +134,7 @@ async def _open_upstream(websocket: WebSocket) -> tuple[ClientConnection, _Activ
             "the sandbox is unreachable",
             {"sandbox_id": record.id},
         ) from exc
+    await stack.enter_async_context(upstream)
     return upstream, _Activity(r.store, record)
 
 
