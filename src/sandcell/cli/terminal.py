@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+
+from sandcell.client.errors import error_from_reply
 
 if TYPE_CHECKING:
     from sandcell.client import Sandbox
@@ -53,13 +55,7 @@ def interactive(
         handle = sbx.commands.run(command, background=True, stdin=True, timeout=None, **options)
     exited = False
     try:
-        url, headers = handle.attach_target()
-        with (
-            connect(
-                url, additional_headers=headers, open_timeout=CONNECT_TIMEOUT_S, compression=None
-            ) as ws,
-            _raw(stdin_fd, enabled=terminal and os.isatty(stdin_fd)),
-        ):
+        with _attached(handle) as ws, _raw(stdin_fd, enabled=terminal and os.isatty(stdin_fd)):
             code = _session(ws, handle, stdin_fd, stdout_fd, terminal)
         exited = True
         return code
@@ -67,6 +63,25 @@ def interactive(
         if not exited:  # we broke off: leave nothing running behind us
             with contextlib.suppress(Exception):
                 handle.kill()
+
+
+@contextlib.contextmanager
+def _attached(handle: CommandHandleBase) -> Iterator[ClientConnection]:
+    """The WebSocket attach; a refused upgrade raises the API's error like any call."""
+    url, headers = handle.attach_target()
+    try:
+        ws = connect(
+            url, additional_headers=headers, open_timeout=CONNECT_TIMEOUT_S, compression=None
+        )
+    except InvalidStatus as exc:
+        answer = exc.response
+        raise error_from_reply(
+            answer.status_code, answer.headers, bytes(answer.body or b"")
+        ) from None
+    except InvalidHandshake as exc:
+        raise RemoteGone(f"the WebSocket upgrade failed: {exc}") from None
+    with ws:
+        yield ws
 
 
 def _session(
