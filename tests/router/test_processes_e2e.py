@@ -80,6 +80,20 @@ def attach(server: RunningServer, path: str, key: str | None) -> ClientConnectio
     return connect(ws_url(server, path), additional_headers=headers, open_timeout=10)
 
 
+def type_and_see(ws: ClientConnection, keys: bytes, expected: bytes) -> None:
+    ws.send(keys)
+    seen = b""
+    while expected not in seen:
+        seen += ws.recv(timeout=10)
+
+
+def next_text_frame(ws: ClientConnection) -> str:
+    """Skips output (binary frames) up to the next control frame."""
+    while isinstance(frame := ws.recv(timeout=10), bytes):
+        pass
+    return frame
+
+
 def test_dev_server_keeps_answering_after_its_request_returned(sandbox):
     c, base = sandbox
     start(c, base, "python3 -m http.server 8123 --bind 127.0.0.1", tag="web")
@@ -153,14 +167,9 @@ def test_websocket_shell_through_the_router(server, key, sandbox):
     c, base = sandbox
     pid = start(c, base, ["/bin/sh"], pty={"cols": 80, "rows": 24})
     with attach(server, f"{base}/processes/{pid}/ws", key) as ws:
-        ws.send(b"echo $((6*7))\n")
-        seen = b""
-        while b"42" not in seen:
-            seen += ws.recv(timeout=10)
+        type_and_see(ws, b"echo $((6*7))\n", b"42")
         ws.send(b"exit 3\n")
-        last = None
-        while not isinstance(last, str):
-            last = ws.recv(timeout=10)
+        last = next_text_frame(ws)
     assert json.loads(last) == {"type": "exit", "exit_code": 3, "signal": None, "timed_out": False}
 
 
@@ -215,14 +224,9 @@ def test_killing_the_process_closes_the_websocket(server, key, sandbox):
     c, base = sandbox
     pid = start(c, base, ["/bin/sh"], pty={"cols": 80, "rows": 24})
     with attach(server, f"{base}/processes/{pid}/ws", key) as ws:
-        ws.send(b"echo ready\n")
-        seen = b""
-        while b"ready\r\n" not in seen:
-            seen += ws.recv(timeout=10)
+        type_and_see(ws, b"echo ready\n", b"ready\r\n")
         assert c.delete(f"{base}/processes/{pid}").status_code == 204
-        last = None
-        while not isinstance(last, str):
-            last = ws.recv(timeout=10)
+        last = next_text_frame(ws)
         assert json.loads(last)["signal"] == 9
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=10)
