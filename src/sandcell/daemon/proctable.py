@@ -337,7 +337,8 @@ def _spawn(launch: Launch, kill_tree: KillTree) -> Process:
 def _spawn_or_fail(launch: Launch, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     kwargs.setdefault("env", launch.env)
     try:
-        return spawn_command(argv, cwd=launch.cwd, **kwargs)
+        # A session of its own: signals go to its group, a pty becomes its terminal.
+        return spawn_command(argv, cwd=launch.cwd, start_new_session=True, **kwargs)
     except OSError as exc:
         # Unlike exec, there is no result to carry a 127: the start itself fails.
         raise SandcellError(

@@ -229,6 +229,7 @@ class Runner:
                 stderr=subprocess.PIPE,
                 cwd=spec.cwd,
                 env=spec.env,
+                start_new_session=True,
             )
         except OSError as exc:
             return _spawn_failure(spec, exc, time.monotonic() - started, sink)

@@ -7,5 +7,6 @@ from typing import Any
 
 
 def spawn_command(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
-    """Starts `argv` in a session (and process group) of its own, through vfork."""
-    return subprocess.Popen(argv, start_new_session=True, **popen_kwargs)
+    """`subprocess.Popen(argv, **popen_kwargs)` (vfork); callers ask for a session of the
+    command's own with `start_new_session=True`."""
+    return subprocess.Popen(argv, **popen_kwargs)
