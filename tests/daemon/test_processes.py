@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from websockets.sync.client import ClientConnection, unix_connect
 from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
 from sandcell.daemon import proctable
-from sandcell.daemon.outputlog import Lost
+from sandcell.daemon.outputlog import Lost, OutputLog
 from sandcell.daemon.runner import Runner
 from support.daemons import RunningDaemon
 
@@ -339,30 +339,18 @@ def test_running_buffers_have_a_total_budget(client: DaemonClient, kill_all: Non
 
 
 @pytest.mark.anyio
-async def test_exited_output_has_a_total_budget(tmp_path, monkeypatch: pytest.MonkeyPatch):
+async def test_exited_output_has_a_total_budget(monkeypatch: pytest.MonkeyPatch):
     """The oldest exited processes' output goes first; their records stay."""
     monkeypatch.setattr(proctable, "EXITED_OUTPUT_BUDGET", 100_000)
     table = proctable.ProcessTable(Runner())
-    pids = []
-    for _ in range(3):
-        launch = proctable.Launch(
-            command="x",
-            argv=["/bin/sh", "-c", "head -c 60000 /dev/zero"],
-            cwd=str(tmp_path),
-            cwd_shown=".",
-            env={"PATH": "/usr/bin:/bin"},
-            timeout_s=0,
-            stdin=False,
-            pty=None,
-            tag=None,
-            buffer_bytes=1_048_576,
-        )
-        process = await table.start(launch)
-        async for _ in process.log.follow(0, live=True):
-            pass
-        pids.append(process.pid)
-    while any(p["state"] == "running" for p in table.list()):
-        await asyncio.sleep(0.01)
-    first, _, last = (table.get(pid).log for pid in pids)
-    assert first.read(0)[0] == [Lost(60_000)]
+    logs = []
+    for pid in (101, 102, 103):
+        log = OutputLog(proctable.PIPE_STREAMS)
+        log.append("stdout", b"x" * 60_000)
+        log.close()
+        logs.append(log)
+        table._finished(SimpleNamespace(pid=pid, log=log))  # as a process's supervisor does
+    first, second, last = logs
+    assert first.read(0)[0] == [Lost(60_000)] and second.read(0)[0] == [Lost(60_000)]
     assert last.retained == 60_000
+    assert [table.get(pid).pid for pid in (101, 102, 103)] == [101, 102, 103]
