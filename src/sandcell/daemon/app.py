@@ -218,7 +218,7 @@ async def list_files(request: Request) -> Response:
     d = _daemon(request)
     d.authorize(request, None, body_required=False)
     raw_depth = request.query_params.get("depth", "1")
-    if not raw_depth.isdigit():
+    if not (raw_depth.isascii() and raw_depth.isdigit()):  # int() refuses "³", isdigit not
         raise SandcellError(ErrorCode.BAD_REQUEST, "depth must be a positive integer")
     entries = d.files.list(request.query_params.get("path", "."), int(raw_depth))
     return JSONResponse({"entries": entries})
