@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import egress, figures
+from bench import egress, figures, processes
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -26,6 +26,8 @@ def run(quick: bool) -> list[figures.Row]:
             rows += figures.exec_round_trips(warm, n)
             rows += figures.throughput(warm, seconds=5 if quick else 10)
             rows += figures.warm_claims(warm, claims)
+            rows += processes.background_first_byte(warm, claims * 5)
+            rows += processes.keystroke_round_trips(warm, n)
             rows += figures.many_sandboxes(warm, many)
         finally:
             warm.close()

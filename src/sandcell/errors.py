@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     OVERLOADED = "OVERLOADED"
     ISOLATION_UNAVAILABLE = "ISOLATION_UNAVAILABLE"
     SANDBOX_TIMEOUT = "SANDBOX_TIMEOUT"
+    NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
 
 
 STATUS: dict[ErrorCode, int] = {
@@ -48,6 +49,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.OVERLOADED: 503,
     ErrorCode.ISOLATION_UNAVAILABLE: 503,
     ErrorCode.SANDBOX_TIMEOUT: 504,
+    ErrorCode.NOT_IMPLEMENTED: 501,
 }
 
 

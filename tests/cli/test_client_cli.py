@@ -14,27 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandcell.client import ClientConfig, Sandbox
-from sdk.helpers import stop_and_clean
-from support.server import RunningServer, free_port, sandcell_bin, start_server
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("cli") / "data", warm_pool=2)
-    try:
-        yield srv
-    finally:
-        stop_and_clean(srv)
-
-
-@pytest.fixture(scope="module")
-def env(server: RunningServer) -> dict[str, str]:
-    return {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "SANDCELL_URL": server.url,
-        "SANDCELL_API_KEY": server.create_key("cli"),
-        "COLUMNS": "200",
-    }
+from support.server import RunningServer, free_port, sandcell_bin
 
 
 @pytest.fixture(scope="module")

@@ -210,8 +210,9 @@ def test_errors_for_wrong_types(client, base):
     assert r.status_code == 400
     r = _get(client, base)
     assert r.status_code == 400
-    r = client.signed_request("GET", "/v1/files/list", params={"path": base, "depth": "0"})
-    assert r.status_code == 400
+    for depth in ("0", "\u00b3"):  # a superscript digit passes str.isdigit(), not int()
+        r = client.signed_request("GET", "/v1/files/list", params={"path": base, "depth": depth})
+        assert r.status_code == 400
     r = client.signed_request("GET", "/v1/files", params={})
     assert r.status_code == 400
 

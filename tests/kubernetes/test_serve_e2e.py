@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import kubernetes_validate
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from support.server import RunningServer, sandcell_bin, start_server
 
@@ -248,3 +251,38 @@ def stranger_pod(cluster: FakeCluster) -> str:
     r = httpx.post(f"{cluster.url}/api/v1/namespaces/{NAMESPACE}/pods", json=pod)
     assert r.status_code == 201, r.text
     return pod["metadata"]["name"]
+
+
+@pytest.mark.slow
+def test_processes_terminals_and_metrics_on_pods(cluster, serve):
+    """SPEC §9 on the Kubernetes backend: background processes, stdin, a WebSocket terminal
+    through the router to the pod's daemon, and metrics refused with a clear 501."""
+    server = serve()
+    key = server.create_key("procs")
+    cluster.wait_for(lambda: pools_full(server), message="warm pools")
+    with server.client(key) as c:
+        base = f"/v1/sandboxes/{create(c)['id']}"
+        r = c.post(f"{base}/processes", json={"command": "cat", "stdin": True})
+        assert r.status_code == 201, r.text
+        pid = r.json()["pid"]
+        assert c.post(f"{base}/processes/{pid}/stdin", content=b"via pod\n").status_code == 204
+        assert c.post(f"{base}/processes/{pid}/stdin/close").status_code == 204
+        lines = c.get(f"{base}/processes/{pid}/output", params={"follow": "true"}).text
+        events = [json.loads(line) for line in lines.splitlines()]
+        assert base64.b64decode(events[0]["data_b64"]) == b"via pod\n"
+        assert events[-1]["type"] == "exit" and events[-1]["exit_code"] == 0
+
+        r = c.post(f"{base}/processes", json={"command": ["/bin/sh"], "pty": {}})
+        ws_url = "ws" + server.url.removeprefix("http") + f"{base}/processes/{r.json()['pid']}/ws"
+        headers = {"authorization": f"Bearer {key}"}
+        with ws_connect(ws_url, additional_headers=headers, open_timeout=10) as ws:
+            ws.send(b"echo $((6*7)); exit 3\n")
+            frames = []
+            while not (frames and isinstance(frames[-1], str)):
+                frames.append(ws.recv(timeout=10))
+        assert b"42" in b"".join(f for f in frames if isinstance(f, bytes))
+        assert json.loads(frames[-1])["exit_code"] == 3
+
+        r = c.get(f"{base}/metrics")
+        assert r.status_code == 501 and r.json()["error"]["code"] == "NOT_IMPLEMENTED"
+        assert c.delete(base).status_code == 204

@@ -39,9 +39,9 @@ DERANDOMIZE = os.environ.get("SANDCELL_FUZZ_RANDOM") != "1"
 CASE_TIMEOUT_S = 30
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 PROXIED = ("/health", "/init", "/openapi.json")  # the daemon's paths the router never proxies
-# Random commands run only inside a cell; so do port relays (on the host, a bare daemon's
-# 127.0.0.1 is the host's: its services are no fuzzing target).
-NOT_ON_THE_HOST = {("POST", "/v1/exec")} | {
+# Random commands and processes run only inside a cell; so do port relays (on the host, a
+# bare daemon's 127.0.0.1 is the host's: its services are no fuzzing target).
+NOT_ON_THE_HOST = {("POST", "/v1/exec"), ("POST", "/v1/processes")} | {
     (method, "/v1/ports/{port}/{path}") for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
 }
 # SPEC §11: nothing listening on an exposed port is a 502, by contract.

@@ -192,6 +192,10 @@ from sandcell.cli.sandboxes import register as _register_client_commands  # noqa
 _register_client_commands(app)
 _register_network_commands(app)
 
+from sandcell.cli.processes import register as _register_process_commands  # noqa: E402
+
+_register_process_commands(app)
+
 
 def main() -> None:
     app()

@@ -266,15 +266,25 @@ def _run_command(
 
 def exec_command(
     sandbox_id: Annotated[str, typer.Argument(metavar="ID", show_default=False)],
-    cmd: CmdArg,
+    cmd: CmdArg = None,  # type: ignore[assignment]
     timeout: CmdTimeoutOpt = 60,
     env: EnvOpt = None,
     cwd: CwdOpt = None,
     json_out: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", "-i", help="keep stdin open (with -t: a terminal)")
+    ] = False,
+    terminal: Annotated[
+        bool, typer.Option("--tty", "-t", help="a terminal (default command: a login shell)")
+    ] = False,
 ) -> None:
-    """Run a command in a sandbox, streaming its output; exit with its exit code."""
+    """Run a command in a sandbox, streaming its output; exit with its exit code.
+
+    `-it` opens an interactive terminal, like `docker exec -it`."""
+    if interactive or terminal:
+        raise typer.Exit(_interactive(sandbox_id, cmd, terminal, env, cwd, url, api_key))
     command, options = _command(cmd), {"timeout": timeout, "env": _pairs(env, "--env"), "cwd": cwd}
     with _reporting(SANDCELL_FAILED):
         from sandcell.client import Sandbox
@@ -282,6 +292,29 @@ def exec_command(
         with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
             result = _run_command(sbx, command, options, json_out)
     raise typer.Exit(result.exit_code)
+
+
+def _interactive(
+    sandbox_id: str,
+    cmd: list[str] | None,
+    terminal: bool,
+    env: list[str] | None,
+    cwd: str | None,
+    url: str | None,
+    api_key: str | None,
+) -> int:
+    command = _command(cmd) if cmd else None
+    options = {"env": _pairs(env, "--env"), "cwd": cwd}
+    with _reporting(SANDCELL_FAILED):
+        from sandcell.cli.terminal import RemoteGone, interactive
+        from sandcell.client import Sandbox
+
+        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
+            try:
+                code = interactive(sbx, command, terminal, **options)
+            except RemoteGone as exc:
+                raise _fail(f"SANDBOX_UNREACHABLE: {exc}", SANDCELL_FAILED) from None
+    return code
 
 
 class _Interrupts:

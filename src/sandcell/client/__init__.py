@@ -28,6 +28,7 @@ from sandcell.client.errors import (
     MethodNotAllowedError,
     NotFoundError,
     NotInitializedError,
+    NotSupportedError,
     OverloadedError,
     PayloadTooLargeError,
     RateLimitedError,
@@ -38,19 +39,31 @@ from sandcell.client.errors import (
     ServiceUnavailableError,
 )
 from sandcell.client.files import AsyncFiles, Files
-from sandcell.client.models import CommandResult, EntryInfo, SandboxInfo
+from sandcell.client.models import (
+    CommandResult,
+    EntryInfo,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxMetrics,
+)
+from sandcell.client.processes import AsyncCommandHandle, CommandHandle
+from sandcell.client.pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle
 from sandcell.client.sandbox import Sandbox
 
 __all__ = [
     "DEFAULT_URL",
     "AlreadyInitializedError",
+    "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncFiles",
+    "AsyncPty",
+    "AsyncPtyHandle",
     "AsyncSandbox",
     "AuthenticationError",
     "BadRequestError",
     "ClientConfig",
     "CommandExitError",
+    "CommandHandle",
     "CommandResult",
     "Commands",
     "ConfigurationError",
@@ -66,12 +79,17 @@ __all__ = [
     "MethodNotAllowedError",
     "NotFoundError",
     "NotInitializedError",
+    "NotSupportedError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "ProcessInfo",
+    "Pty",
+    "PtyHandle",
     "RateLimitedError",
     "RetryPolicy",
     "Sandbox",
     "SandboxInfo",
+    "SandboxMetrics",
     "SandboxNotFoundError",
     "SandboxTimeoutError",
     "SandboxUnreachableError",

@@ -9,6 +9,7 @@ from sandcell.client.commands import AsyncCommands
 from sandcell.client.errors import SandcellError
 from sandcell.client.files import AsyncFiles
 from sandcell.client.lifecycle import SandboxBase
+from sandcell.client.pty import AsyncPty
 
 
 class AsyncSandbox(AsyncBound, SandboxBase):
@@ -23,8 +24,10 @@ class AsyncSandbox(AsyncBound, SandboxBase):
 
     _commands_class = AsyncCommands
     _files_class = AsyncFiles
+    _pty_class = AsyncPty
     commands: AsyncCommands
     files: AsyncFiles
+    pty: AsyncPty
 
     async def close(self) -> None:
         """Release the HTTP connections (the sandbox keeps running)."""

@@ -137,6 +137,12 @@ class SandboxTimeoutError(SandcellError):
     default_code = ErrorCode.SANDBOX_TIMEOUT.value
 
 
+class NotSupportedError(SandcellError):
+    """501: this server (its backend) does not offer the operation, e.g. metrics on pods."""
+
+    default_code = ErrorCode.NOT_IMPLEMENTED.value
+
+
 class CommandExitError(SandcellError):
     """`commands.run(..., check=True)` and the command exited non-zero; `.result` has it all."""
 
@@ -194,6 +200,7 @@ BY_CODE: dict[str, type[SandcellError]] = {
         OverloadedError,
         IsolationUnavailableError,
         SandboxTimeoutError,
+        NotSupportedError,
     )
 }
 BY_STATUS: dict[int, type[SandcellError]] = {
@@ -206,6 +213,7 @@ BY_STATUS: dict[int, type[SandcellError]] = {
     413: PayloadTooLargeError,
     429: RateLimitedError,
     500: InternalError,
+    501: NotSupportedError,
     503: ServiceUnavailableError,
 }
 

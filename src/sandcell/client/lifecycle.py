@@ -10,13 +10,14 @@ from urllib.parse import quote
 from sandcell.client.binding import classoperation, constructor, operation
 from sandcell.client.config import ClientConfig, RetryPolicy
 from sandcell.client.errors import InvalidResponseError, SandboxNotFoundError
-from sandcell.client.models import SandboxInfo
+from sandcell.client.models import SandboxInfo, SandboxMetrics
 from sandcell.client.network import NetworkOperations
 from sandcell.client.protocol import Op, Request, call, call_json
 
 if TYPE_CHECKING:
     from sandcell.client.commands import CommandsBase
     from sandcell.client.files import FilesBase
+    from sandcell.client.pty import PtyBase
 
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -49,6 +50,7 @@ class SandboxBase(NetworkOperations):
 
     _commands_class: type[CommandsBase]
     _files_class: type[FilesBase]
+    _pty_class: type[PtyBase]
     _transport: Any
 
     def __init__(self, info: SandboxInfo, transport: Any) -> None:
@@ -56,6 +58,7 @@ class SandboxBase(NetworkOperations):
         self._transport = transport
         self.commands = self._commands_class(self)
         self.files = self._files_class(self)
+        self.pty = self._pty_class(self)
 
     @classmethod
     def _adopt(cls, result: Any, transport: Any) -> Any:
@@ -158,6 +161,12 @@ class SandboxBase(NetworkOperations):
         except SandboxNotFoundError:
             return False
         return True
+
+    @operation
+    def get_metrics(self) -> Op[SandboxMetrics]:
+        """CPU, memory, pids and disk use now, beside the template's limits."""
+        data = yield from call_json(Request("GET", sandbox_path(self.id, "metrics")), self._policy)
+        return SandboxMetrics.from_dict(data)
 
     @property
     def _policy(self) -> RetryPolicy:

@@ -153,3 +153,76 @@ class CommandResult:
 
 def _rfc3339(ts: datetime) -> str:
     return ts.isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background process (running, or among the last that exited); `pid` is the cell's."""
+
+    pid: int
+    command: str | list[str]
+    cwd: str
+    pty: bool
+    started_at: datetime
+    state: str
+    tag: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProcessInfo:
+        d = _fields(data, "pid", "command", "started_at", "state")
+        command = d["command"]
+        return cls(
+            pid=int(d["pid"]),
+            command=[str(a) for a in command] if isinstance(command, list) else str(command),
+            cwd=str(d.get("cwd") or "."),
+            pty=bool(d.get("pty")),
+            started_at=_time(d["started_at"]),
+            state=str(d["state"]),
+            tag=None if d.get("tag") is None else str(d["tag"]),
+            exit_code=None if d.get("exit_code") is None else int(d["exit_code"]),
+            signal=None if d.get("signal") is None else int(d["signal"]),
+            timed_out=bool(d.get("timed_out")),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxMetrics:
+    """What a sandbox uses now; a figure the backend cannot read is None."""
+
+    cpu_used_s: float | None
+    cpu_percent: float | None
+    cpus: float
+    memory_bytes: int | None
+    memory_limit_bytes: int
+    pids: int | None
+    pids_limit: int
+    disk_used_bytes: int
+    disk_limit_bytes: int
+    at: datetime
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SandboxMetrics:
+        d = _fields(data, "cpus", "memory_limit_bytes", "pids_limit", "disk_limit_bytes", "at")
+
+        def maybe(name: str, kind: type[Any]) -> Any:
+            return None if d.get(name) is None else kind(d[name])
+
+        return cls(
+            cpu_used_s=maybe("cpu_used_s", float),
+            cpu_percent=maybe("cpu_percent", float),
+            cpus=float(d["cpus"]),
+            memory_bytes=maybe("memory_bytes", int),
+            memory_limit_bytes=int(d["memory_limit_bytes"]),
+            pids=maybe("pids", int),
+            pids_limit=int(d["pids_limit"]),
+            disk_used_bytes=int(d.get("disk_used_bytes") or 0),
+            disk_limit_bytes=int(d["disk_limit_bytes"]),
+            at=_time(d["at"]),
+        )

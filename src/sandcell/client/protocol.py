@@ -34,6 +34,7 @@ T = TypeVar("T")
 NDJSON = "application/x-ndjson"
 MAX_ERROR_BODY = 1_048_576
 UPLOAD_CHUNK = 1_048_576
+DEFAULT_KEPT_OUTPUT = 1_048_576  # per stream, in a streamed command's result
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,21 @@ class Blocking:
     args: tuple[Any, ...]
 
 
-Effect = Send | Read | Close | Sleep | Invoke | Blocking
+@dataclass(frozen=True)
+class Spawn:
+    """Runs another operation alongside this one (a thread, or a task); gives a job."""
+
+    op: Generator[Effect, Any, Any]
+
+
+@dataclass(frozen=True)
+class Join:
+    """Waits for a spawned job; its result, or its exception raised here."""
+
+    job: Any
+
+
+Effect = Send | Read | Close | Sleep | Invoke | Blocking | Spawn | Join
 Op = Generator[Effect, Any, T]
 
 
@@ -210,10 +225,16 @@ class NdjsonDecoder:
 
 
 class OutputCollector:
-    """Accumulates streamed `stdout`/`stderr` events and the final `exit` event."""
+    """Accumulates streamed `stdout`/`stderr` events and the final `exit` event.
 
-    def __init__(self) -> None:
+    A stream delivers every byte; the result keeps the head of each stream up to `cap`
+    characters (flagged `*_truncated` past it), so a long stream cannot exhaust memory."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = DEFAULT_KEPT_OUTPUT if cap is None else cap
         self._parts: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._size = dict.fromkeys(self._parts, 0)
+        self._truncated = dict.fromkeys(self._parts, False)
         self._exit: dict[str, Any] | None = None
 
     def add(self, event: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -221,18 +242,29 @@ class OutputCollector:
         kind = event.get("type")
         if kind in self._parts:
             text = str(event.get("data", ""))
-            self._parts[kind].append(text)
+            self.keep(kind, text)
             return kind, text
         if kind == "exit":
             self._exit = dict(event)
         return None  # unknown event types are skipped: newer servers may add some
+
+    def keep(self, stream: str, text: str) -> None:
+        room = self.cap - self._size[stream]
+        if len(text) > room:
+            self._truncated[stream] = True
+            text = text[: max(room, 0)]
+        if text:
+            self._parts[stream].append(text)
+            self._size[stream] += len(text)
 
     def result(self) -> CommandResult:
         if self._exit is None:
             raise SandboxUnreachableError(
                 "the output stream ended before the command's exit status"
             )
-        output = {name: "".join(parts) for name, parts in self._parts.items()}
+        output: dict[str, Any] = {name: "".join(parts) for name, parts in self._parts.items()}
+        for name, cut in self._truncated.items():
+            output[f"{name}_truncated"] = cut or bool(self._exit.get(f"{name}_truncated"))
         return CommandResult.from_dict({**self._exit, **output})
 
 

@@ -9,6 +9,7 @@ from sandcell.client.commands import Commands
 from sandcell.client.errors import SandcellError
 from sandcell.client.files import Files
 from sandcell.client.lifecycle import SandboxBase
+from sandcell.client.pty import Pty
 
 
 class Sandbox(SyncBound, SandboxBase):
@@ -23,8 +24,10 @@ class Sandbox(SyncBound, SandboxBase):
 
     _commands_class = Commands
     _files_class = Files
+    _pty_class = Pty
     commands: Commands
     files: Files
+    pty: Pty
 
     def close(self) -> None:
         """Release the HTTP connections (the sandbox keeps running)."""

@@ -7,9 +7,12 @@ request building to retries, is shared in `protocol` and the operation generator
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 import inspect
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
@@ -26,12 +29,14 @@ from sandcell.client.protocol import (
     Effect,
     FileUpload,
     Invoke,
+    Join,
     Op,
     Read,
     Reply,
     Request,
     Send,
     Sleep,
+    Spawn,
 )
 
 T = TypeVar("T")
@@ -157,7 +162,24 @@ class SyncTransport:
             return time.sleep(effect.seconds)
         if isinstance(effect, Invoke | Blocking):
             return effect.fn(*effect.args)
+        if isinstance(effect, Spawn):
+            return self._spawn(effect.op)
+        if isinstance(effect, Join):
+            return effect.job.result()
         raise TypeError(f"unknown effect {effect!r}")
+
+    def _spawn(self, op: Op[Any]) -> concurrent.futures.Future[Any]:
+        """A daemon thread: a follower must not keep the interpreter from exiting."""
+        job: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def work() -> None:
+            try:
+                job.set_result(self.run(op))
+            except BaseException as exc:
+                job.set_exception(exc)
+
+        threading.Thread(target=work, name="sandcell-follow", daemon=True).start()
+        return job
 
     def _send(self, req: Request, run: OpRun[Any]) -> Reply:
         content = req.content
@@ -236,6 +258,11 @@ class AsyncTransport:
             return await _maybe_await(effect.fn(*effect.args))
         if isinstance(effect, Blocking):
             return await anyio.to_thread.run_sync(functools.partial(effect.fn, *effect.args))
+        if isinstance(effect, Spawn):
+            # A task that outlives this call (asyncio): a handle's output follower.
+            return asyncio.ensure_future(self.run(effect.op))
+        if isinstance(effect, Join):
+            return await asyncio.shield(effect.job)
         raise TypeError(f"unknown effect {effect!r}")
 
     async def _send(self, req: Request, run: OpRun[Any]) -> Reply:

@@ -19,10 +19,12 @@ from starlette.websockets import WebSocket
 from sandcell import __version__
 from sandcell.cellapi import schemas
 from sandcell.cellapi.environment import build_env, validate_env
+from sandcell.daemon import process_api
 from sandcell.daemon.auth import Guard
 from sandcell.daemon.config import DaemonConfig
 from sandcell.daemon.files import Files
-from sandcell.daemon.runner import CommandSpec, Runner
+from sandcell.daemon.proctable import ProcessTable
+from sandcell.daemon.runner import CommandSpec, OutputQueue, Runner
 from sandcell.daemon.workspace import Workspace
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import (
@@ -52,6 +54,7 @@ class Daemon:
         self.workspace = Workspace(config.workspace)
         self.files = Files(self.workspace, config.disk_quota_bytes)
         self.runner = Runner()
+        self.processes = ProcessTable(self.runner)
         self.started = time.monotonic()
         # A snapshot: commands read the allow-listed names from it, never os.environ itself.
         self._environ = dict(environ)
@@ -70,7 +73,8 @@ class Daemon:
         self.authorize(request, body, body_required=True)
         return parse_model(model, body)
 
-    def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
+    def command_place(self, req: schemas.ExecRequest) -> tuple[str, dict[str, str]]:
+        """A command's working directory (checked beneath the workspace) and environment."""
         if req.env:
             validate_env(req.env)
         rel = self.workspace.relative(req.cwd or ".")
@@ -83,9 +87,13 @@ class Daemon:
             defaults=self.guard.default_env,
             request=req.env,
         )
+        return os.path.join(self.workspace.root, rel), env
+
+    def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
+        cwd, env = self.command_place(req)
         return CommandSpec(
             argv=req.argv(),
-            cwd=os.path.join(self.workspace.root, rel),
+            cwd=cwd,
             env=env,
             timeout_s=req.timeout_s,
             stdin=req.stdin.encode() if req.stdin is not None else None,
@@ -144,18 +152,15 @@ async def exec_command(request: Request) -> Response:
 
 async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
     """NDJSON: output lines as they arrive, then one exit line."""
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-
-    def sink(stream: str, text: str) -> None:
-        queue.put_nowait(_line({"type": stream, "data": text}))
-
-    task = asyncio.ensure_future(runner.run(spec, sink))
+    queue = OutputQueue()
+    task = asyncio.ensure_future(runner.run(spec, queue))
     try:
-        while not (task.done() and queue.empty()):
+        while not (task.done() and not queue):
             getter = asyncio.ensure_future(queue.get())
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                yield getter.result()
+                stream, text = getter.result()
+                yield _line({"type": stream, "data": text})
             else:
                 getter.cancel()
         yield _line({"type": "exit", **task.result().summary()})
@@ -215,7 +220,7 @@ async def list_files(request: Request) -> Response:
     d = _daemon(request)
     d.authorize(request, None, body_required=False)
     raw_depth = request.query_params.get("depth", "1")
-    if not raw_depth.isdigit():
+    if not (raw_depth.isascii() and raw_depth.isdigit()):  # int() refuses "³", isdigit not
         raise SandcellError(ErrorCode.BAD_REQUEST, "depth must be a positive integer")
     entries = d.files.list(request.query_params.get("path", "."), int(raw_depth))
     return JSONResponse({"entries": entries})
@@ -369,12 +374,16 @@ OPERATIONS = (
         )
         for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
     ),
+    *process_api.OPERATIONS,
     Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
 )
 
 
 def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> Starlette:
-    websockets = [WebSocketRoute("/v1/ports/{port}/{path:path}", exposed_port_websocket)]
+    websockets = [
+        WebSocketRoute("/v1/ports/{port}/{path:path}", exposed_port_websocket),
+        process_api.ATTACH_ROUTE,
+    ]
     app = Starlette(
         routes=[*routes(OPERATIONS), *websockets], exception_handlers=EXCEPTION_HANDLERS
     )

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,9 @@ from sandcell.daemon.spawn import spawn_command
 DRAIN_GRACE_S = 0.1
 STREAMS = {1: "stdout", 2: "stderr"}
 
-OutputSink = Callable[[str, str], None]
+STREAM_HIGH_WATER = 256 * 1024
+# Returns True when the consumer is behind and the pipes should pause.
+OutputSink = Callable[[str, str], bool | None]
 
 
 @dataclass
@@ -91,20 +94,71 @@ def _json_fragment(text: str) -> bytes:
     return json.dumps(text)[1:-1].encode()
 
 
+class OutputQueue:
+    """Streamed output the consumer has not taken yet. Bounded: past `high_water` bytes the
+    command's pipes pause (it blocks on its next write) until the consumer drains half."""
+
+    def __init__(self, high_water: int = STREAM_HIGH_WATER) -> None:
+        self.high_water = high_water
+        self._items: deque[tuple[str, str]] = deque()
+        self._size = 0
+        self._ready = asyncio.Event()
+        self._resume: Callable[[], None] | None = None
+
+    def __call__(self, stream: str, text: str) -> bool:
+        self._items.append((stream, text))
+        self._size += len(text)
+        self._ready.set()
+        return self._size >= self.high_water
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def on_drained(self, resume: Callable[[], None]) -> None:
+        self._resume = resume
+
+    async def get(self) -> tuple[str, str]:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        stream, text = self._items.popleft()
+        self._size -= len(text)
+        if self._resume is not None and self._size < self.high_water // 2:
+            self._resume()
+        return stream, text
+
+
 class _Collector:
-    """Capped buffers for stdout/stderr, decoded incrementally when streamed."""
+    """Buffered: capped heads of stdout/stderr. Streamed: every byte, decoded incrementally,
+    to the sink (which may ask to pause the pipes until its consumer catches up)."""
 
     def __init__(self, spec: CommandSpec, sink: OutputSink | None) -> None:
         self.out = {fd: CappedOutput(spec.max_output_bytes) for fd in STREAMS}
         self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAMS}
         self._sink = sink
         self._open = set(STREAMS)
+        self._paused: list[Any] = []
         self.drained = asyncio.Event()
+        if isinstance(sink, OutputQueue):
+            sink.on_drained(self.resume)
 
-    def data(self, fd: int, data: bytes) -> None:
-        kept = self.out[fd].add(data)
-        if self._sink is not None and kept and (text := self._decoders[fd].decode(kept)):
-            self._sink(STREAMS[fd], text)
+    def data(self, fd: int, data: bytes) -> bool:
+        """Takes output; True when the pipe should pause."""
+        if self._sink is None:
+            self.out[fd].add(data)
+            return False
+        text = self._decoders[fd].decode(data)
+        return bool(text and self._sink(STREAMS[fd], text))
+
+    def pause(self, transport: Any) -> None:
+        transport.pause_reading()
+        self._paused.append(transport)
+
+    def resume(self) -> None:
+        for transport in self._paused:
+            if not transport.is_closing():
+                transport.resume_reading()
+        self._paused.clear()
 
     def eof(self, fd: int) -> None:
         if self._sink is not None and (tail := self._decoders[fd].decode(b"", final=True)):
@@ -113,14 +167,28 @@ class _Collector:
         if not self._open:
             self.drained.set()
 
+    async def settle(self) -> None:
+        """Waits for the pipes to drain: a short grace if a descendant holds them open, but
+        as long as needed while they are paused for a consumer that is catching up."""
+        while not self.drained.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DRAIN_GRACE_S):
+                    await self.drained.wait()
+            if not self._paused:
+                return
+
 
 class _PipeReader(asyncio.Protocol):
     def __init__(self, fd: int, collector: _Collector) -> None:
         self.fd = fd
         self.collector = collector
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: Any = transport  # uvloop's pipe transports are not ReadTransports
+
     def data_received(self, data: bytes) -> None:
-        self.collector.data(self.fd, data)
+        if self.collector.data(self.fd, data):
+            self.collector.pause(self.transport)
 
     def eof_received(self) -> bool:
         return False
@@ -144,6 +212,13 @@ class Runner:
     def running_pids(self) -> set[int]:
         return set(self._running)
 
+    def track(self, pid: int) -> None:
+        """A process started elsewhere (the process table) that is not an orphan."""
+        self._running.add(pid)
+
+    def untrack(self, pid: int) -> None:
+        self._running.discard(pid)
+
     async def run(self, spec: CommandSpec, sink: OutputSink | None = None) -> CommandResult:
         started = time.monotonic()
         try:
@@ -164,10 +239,7 @@ class Runner:
         try:
             transports = await _attach(proc, spec.stdin, collector)
             timed_out = await self._wait(proc, spec.timeout_s)
-            if not collector.drained.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(DRAIN_GRACE_S):
-                        await collector.drained.wait()
+            await collector.settle()
         except BaseException:
             self._kill(proc)
             raise
@@ -182,11 +254,11 @@ class Runner:
     async def _wait(self, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
         try:
             async with asyncio.timeout(timeout_s):
-                await _exited(proc)
+                await wait_exited(proc)
             return False
         except TimeoutError:
             self._kill(proc)
-            await _exited(proc)
+            await wait_exited(proc)
             return True
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
@@ -210,7 +282,7 @@ async def _attach(
     return transports
 
 
-async def _exited(proc: subprocess.Popen[bytes]) -> None:
+async def wait_exited(proc: subprocess.Popen[bytes]) -> None:
     """Waits for `proc` to exit without a thread: its pidfd becomes readable."""
     if proc.poll() is not None:
         return
@@ -226,9 +298,14 @@ async def _exited(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def exit_status(returncode: int, timed_out: bool) -> tuple[int, int | None]:
+    """(exit_code, signal): 124 on timeout, 128+N when killed by signal N."""
+    sig = -returncode if returncode < 0 else None
+    return (124 if timed_out else (128 + sig if sig else returncode)), sig
+
+
 def _result(out: _Collector, code: int, timed_out: bool, duration: float) -> CommandResult:
-    sig = -code if code < 0 else None
-    exit_code = 124 if timed_out else (128 + sig if sig else code)
+    exit_code, sig = exit_status(code, timed_out)
     return CommandResult(exit_code, out.out[1], out.out[2], timed_out, sig, duration)
 
 

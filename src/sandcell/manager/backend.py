@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sandcell.cellapi import health
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.isolation import usage
 from sandcell.isolation.cell import CellInfo, LocalCells, new_cell_id
 from sandcell.isolation.policy import CellPolicy, IsolationUnavailable
+from sandcell.isolation.usage import CellUsage
 from sandcell.network import bridge
 from sandcell.network.egress import EgressService
 
@@ -52,6 +55,10 @@ class Backend(Protocol):
 
     def owns(self, cell: dict[str, Any]) -> bool:
         """Whether this backend instance made the cell (replicas reconcile only their own)."""
+        ...
+
+    async def usage(self, cell: dict[str, Any]) -> CellUsage:
+        """What the cell uses now (SPEC §9 metrics)."""
         ...
 
 
@@ -149,3 +156,12 @@ class LocalBackend:
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool:
         return await health.probe(endpoint)
+
+    async def usage(self, cell: dict[str, Any]) -> CellUsage:
+        cells = self._cells_of(cell)
+        cell_id = str(cell["cell_id"])
+        info = cells._read_info(cells.cells_dir / cell_id)
+        if info is None:
+            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"cell {cell_id} is gone")
+        cgroup = cells.cgroups.open(info.cgroup) if cells.cgroups and info.cgroup else None
+        return await asyncio.to_thread(usage.measure, cgroup, info.workspace)

@@ -23,13 +23,14 @@ from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import network, schemas
+from sandcell.router import network, schemas, websocket
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.budget import ByteBudget
 from sandcell.router.fairshare import FairShare
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
+from sandcell.router.usage import SandboxMetrics, sandbox_metrics
 from sandcell.store import SandboxRecord, Store
 
 MIB = 1_048_576
@@ -235,6 +236,14 @@ OPERATIONS = (
         errors=(404,),
     ),
     Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204, errors=(404,)),
+    Operation(
+        "GET",
+        f"{_SBX}/metrics",
+        sandbox_metrics,
+        "CPU, memory, pids and disk use of a sandbox (from the backend)",
+        response=SandboxMetrics,
+        errors=(404, 409, 501),
+    ),
     *network.OPERATIONS,
     *(
         Operation(
@@ -295,7 +304,7 @@ def create_app(router: Router) -> Starlette:
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
     app = Starlette(
-        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES],
+        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES, websocket.ROUTE],
         exception_handlers=handlers,
         lifespan=lifespan,
     )

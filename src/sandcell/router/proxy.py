@@ -108,6 +108,10 @@ class DaemonProxy:
             self._keys.put(sandbox_id, key)
         return key
 
+    async def signing_key(self, sandbox_id: str) -> tokens.PrivateKey:
+        """The sandbox's session key, for requests signed outside `forward` (WebSockets)."""
+        return await self._session_key(sandbox_id)
+
     def _client(self, endpoint: dict[str, Any]) -> httpx.AsyncClient:
         ident = _ident(endpoint)
         client = self._clients.get_fresh(ident)
@@ -217,10 +221,12 @@ async def _body(request: Request, rest: str) -> tuple[bytes | None, Any]:
     return body, body
 
 
-def _read_timeout(rest: str, body: bytes | None) -> float:
+def _read_timeout(rest: str, body: bytes | None) -> float | None:
     """How long the daemon may take: an exec's own timeout plus a margin, else a default.
     The body is the client's and unchecked yet: anything odd falls back to the default
     (the daemon answers it with a 400)."""
+    if rest.startswith("processes/") and rest.endswith("/output"):
+        return None  # following a process's output may stay quiet for as long as it runs
     if rest != "exec" or not body:
         return DEFAULT_READ_TIMEOUT_S
     try:

@@ -17,6 +17,7 @@ from lightkube.types import OnErrorAction, OnErrorResult
 from sandcell.cellapi import health
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import CellPolicy
+from sandcell.isolation.usage import CellUsage
 from sandcell.manager.backend import CellHandle
 from sandcell.manager.k8s.config import KubernetesConfig
 from sandcell.manager.k8s.pods import STOP_GRACE_S, owner_labels, pod_manifest
@@ -228,6 +229,16 @@ class KubernetesBackend:
 
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         """Nothing to reattach: a pod's egress goes through the shared egress service."""
+
+    async def usage(self, cell: dict[str, Any]) -> CellUsage:
+        """Pods are accounted by the kubelet (metrics.k8s.io), which a manager may not be
+        allowed to read; sandcell does not guess from inside the pod (docs/kubernetes.md)."""
+        raise SandcellError(
+            ErrorCode.NOT_IMPLEMENTED,
+            "sandbox metrics are not available on the Kubernetes backend; "
+            "use the cluster's metrics (kubectl top pod)",
+            {"backend": self.name, "pod": cell.get("pod")},
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -1,0 +1,83 @@
+"""`GET /v1/processes/{pid}/ws`: an interactive WebSocket attach to a process (SPEC §9).
+
+Binary frames in are stdin (or terminal input); binary frames out are output; text frames
+carry JSON control (`resize` in, `exit` out). The upgrade GET carries a request token bound
+to `htm=GET` and its path: without a valid one the upgrade is refused with a 401 body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from sandcell.daemon.outputlog import Chunk, parse_offset
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import path_with_query
+from sandcell.http.errors import error_response
+
+if TYPE_CHECKING:
+    from sandcell.daemon.proctable import Process
+
+
+async def attach(websocket: WebSocket) -> None:
+    daemon = websocket.app.state.daemon
+    try:
+        daemon.guard.check_request(
+            websocket.headers.get("authorization"), "GET", path_with_query(websocket), None, False
+        )
+        process = daemon.processes.get(websocket.path_params["pid"])
+        offset = parse_offset(websocket.query_params.get("offset", "0"))
+    except SandcellError as exc:
+        await websocket.send_denial_response(error_response(exc))
+        return
+    await websocket.accept()
+    output = asyncio.ensure_future(_send_output(websocket, process, offset))
+    incoming = asyncio.ensure_future(_receive_input(websocket, process))
+    try:
+        await asyncio.wait({output, incoming}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (output, incoming):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await websocket.close()
+
+
+async def _send_output(websocket: WebSocket, process: Process, offset: int) -> None:
+    async for item in process.log.follow(offset, live=True):
+        if isinstance(item, Chunk):
+            await websocket.send_bytes(item.data)
+        else:
+            await websocket.send_text(json.dumps({"type": "lost", "bytes": item.bytes}))
+    await websocket.send_text(json.dumps({"type": "exit", **(process.exit or {})}))
+
+
+async def _receive_input(websocket: WebSocket, process: Process) -> None:
+    with contextlib.suppress(WebSocketDisconnect):
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            try:
+                if message.get("bytes") is not None:
+                    await process.write_stdin(message["bytes"])
+                elif message.get("text") is not None:
+                    _control(process, message["text"])
+            except SandcellError as exc:
+                await websocket.send_text(json.dumps({"type": "error", **exc.body()["error"]}))
+
+
+def _control(process: Process, text: str) -> None:
+    try:
+        message: Any = json.loads(text)
+    except ValueError:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "control frames are JSON") from None
+    if not isinstance(message, dict) or message.get("type") != "resize":
+        raise SandcellError(ErrorCode.BAD_REQUEST, 'the only control frame is {"type": "resize"}')
+    cols, rows = message.get("cols"), message.get("rows")
+    if not all(isinstance(v, int) and 0 < v <= 10_000 for v in (cols, rows)):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "resize needs cols and rows in 1..10000")
+    process.resize(cols, rows)

@@ -1,0 +1,210 @@
+"""The daemon's routes for background processes (SPEC §9), wired into `app.OPERATIONS`."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import WebSocketRoute
+
+from sandcell.cellapi import processes as schemas
+from sandcell.cellapi.processes import TerminalSize
+from sandcell.daemon.attach import attach
+from sandcell.daemon.outputlog import Chunk, parse_offset
+from sandcell.daemon.proctable import Launch, Process, parse_signal
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import read_body
+from sandcell.http.openapi import Operation, Query
+
+if TYPE_CHECKING:
+    from sandcell.daemon.app import Daemon
+
+MAX_STDIN_BODY = 8 * 1_048_576
+NDJSON = "application/x-ndjson"
+_PID = "/v1/processes/{pid}"
+
+
+def _daemon(request: Request) -> Daemon:
+    return request.app.state.daemon
+
+
+def _process(request: Request) -> Process:
+    return _daemon(request).processes.get(request.path_params["pid"])
+
+
+async def start_process(request: Request) -> Response:
+    d = _daemon(request)
+    req = await d.json_body(request, schemas.StartProcess)
+    cwd, env = d.command_place(req)
+    launch = Launch(
+        command=req.command,
+        argv=req.argv(),
+        cwd=cwd,
+        cwd_shown=req.cwd or ".",
+        env=env,
+        timeout_s=req.timeout_s,
+        stdin=req.stdin,
+        pty=(req.pty.cols, req.pty.rows) if req.pty else None,
+        tag=req.tag,
+        buffer_bytes=req.max_buffer_bytes,
+    )
+    process = await d.processes.start(launch)
+    return JSONResponse(process.info(), status_code=201)
+
+
+async def list_processes(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    return JSONResponse({"processes": d.processes.list()})
+
+
+async def get_process(request: Request) -> Response:
+    _daemon(request).authorize(request, None, body_required=False)
+    return JSONResponse(_process(request).info())
+
+
+async def process_output(request: Request) -> Response:
+    _daemon(request).authorize(request, None, body_required=False)
+    offset = parse_offset(request.query_params.get("offset", "0"))
+    follow = request.query_params.get("follow", "false").lower()
+    if follow not in ("true", "false", "1", "0"):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "follow must be true or false")
+    lines = _output_lines(_process(request), offset, follow in ("true", "1"))
+    return StreamingResponse(lines, media_type=NDJSON)
+
+
+async def _output_lines(process: Process, offset: int, follow: bool) -> AsyncIterator[bytes]:
+    async for item in process.log.follow(offset, follow):
+        if isinstance(item, Chunk):
+            data = base64.b64encode(item.data).decode()
+            yield _line({"type": item.stream, "data_b64": data, "offset": item.offset})
+        else:
+            yield _line({"type": "lost", "bytes": item.bytes})
+    if process.exit is not None and (follow or process.log.closed):
+        yield _line({"type": "exit", **process.exit})
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+async def write_stdin(request: Request) -> Response:
+    d = _daemon(request)
+    body = await read_body(request, MAX_STDIN_BODY)
+    d.authorize(request, body, body_required=False)
+    await _process(request).write_stdin(body)
+    return Response(status_code=204)
+
+
+async def close_stdin(request: Request) -> Response:
+    _daemon(request).authorize(request, None, body_required=False)
+    await _process(request).close_stdin()
+    return Response(status_code=204)
+
+
+async def signal_process(request: Request) -> Response:
+    req = await _daemon(request).json_body(request, schemas.SignalRequest)
+    _process(request).send_signal(parse_signal(req.signal))
+    return Response(status_code=204)
+
+
+async def resize_process(request: Request) -> Response:
+    req = await _daemon(request).json_body(request, TerminalSize)
+    _process(request).resize(req.cols, req.rows)
+    return Response(status_code=204)
+
+
+async def kill_process(request: Request) -> Response:
+    _daemon(request).authorize(request, None, body_required=False)
+    _process(request).kill()
+    return Response(status_code=204)
+
+
+ATTACH_ROUTE = WebSocketRoute(f"{_PID}/ws", attach)
+OPERATIONS = (
+    Operation(
+        "POST",
+        "/v1/processes",
+        start_process,
+        "Start a process in the background",
+        body=schemas.StartProcess,
+        response=schemas.ProcessInfo,
+        status=201,
+        errors=(403, 404, 413, 429, 503),
+    ),
+    Operation(
+        "GET",
+        "/v1/processes",
+        list_processes,
+        "Running processes and the last exited ones",
+        response=schemas.ProcessList,
+        errors=(503,),
+    ),
+    Operation(
+        "GET",
+        _PID,
+        get_process,
+        "Describe a process",
+        response=schemas.ProcessInfo,
+        errors=(404, 503),
+    ),
+    Operation(
+        "GET",
+        f"{_PID}/output",
+        process_output,
+        "Replay (and follow) a process's output as NDJSON",
+        response=NDJSON,
+        query=(
+            Query("offset", {"type": "integer", "minimum": 0}),
+            Query("follow", {"type": "boolean"}),
+        ),
+        errors=(404, 503),
+    ),
+    Operation(
+        "POST",
+        f"{_PID}/stdin",
+        write_stdin,
+        "Write the raw body to the process's stdin (or terminal)",
+        body="application/octet-stream",
+        status=204,
+        errors=(404, 409, 413, 503),
+    ),
+    Operation(
+        "POST",
+        f"{_PID}/stdin/close",
+        close_stdin,
+        "Close stdin (EOF)",
+        status=204,
+        errors=(404, 409, 503),
+    ),
+    Operation(
+        "POST",
+        f"{_PID}/signal",
+        signal_process,
+        "Signal the process's group",
+        body=schemas.SignalRequest,
+        status=204,
+        errors=(404, 409, 503),
+    ),
+    Operation(
+        "POST",
+        f"{_PID}/resize",
+        resize_process,
+        "Resize the process's terminal",
+        body=TerminalSize,
+        status=204,
+        errors=(404, 409, 503),
+    ),
+    Operation(
+        "DELETE",
+        _PID,
+        kill_process,
+        "Kill the process and all its descendants",
+        status=204,
+        errors=(404, 503),
+    ),
+)
