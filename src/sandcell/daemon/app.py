@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,11 +15,14 @@ from sandcell import __version__
 from sandcell.cellapi import schemas
 from sandcell.cellapi.environment import build_env, validate_env
 from sandcell.daemon.auth import Guard
+from sandcell.daemon.code.contexts import Contexts
+from sandcell.daemon.code.routes import CODE_OPERATIONS
 from sandcell.daemon.config import DaemonConfig
 from sandcell.daemon.files import Files
 from sandcell.daemon.runner import CommandSpec, Runner
 from sandcell.daemon.workspace import Workspace
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http import ndjson
 from sandcell.http.bodies import (
     ModelT,
     declared_length,
@@ -50,6 +50,7 @@ class Daemon:
         self.workspace = Workspace(config.workspace)
         self.files = Files(self.workspace, config.disk_quota_bytes)
         self.runner = Runner()
+        self.contexts = Contexts(config.code_python, lambda: self.command_env(None), self.runner)
         self.started = time.monotonic()
         # A snapshot: commands read the allow-listed names from it, never os.environ itself.
         self._environ = dict(environ)
@@ -68,23 +69,24 @@ class Daemon:
         self.authorize(request, body, body_required=True)
         return parse_model(model, body)
 
-    def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
-        if req.env:
-            validate_env(req.env)
-        rel = self.workspace.relative(req.cwd or ".")
-        with self.workspace.fd(rel, os.O_PATH | os.O_DIRECTORY):
-            pass  # proves the directory exists beneath the workspace
-        env = build_env(
+    def command_env(self, request: dict[str, str] | None) -> dict[str, str]:
+        """The environment of a process of the user: the allow-list, never os.environ."""
+        return build_env(
             workspace=self.workspace.root,
             inherit=self.config.inherit_env,
             source=self._environ,
             defaults=self.guard.default_env,
-            request=req.env,
+            request=request,
         )
+
+    def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
+        if req.env:
+            validate_env(req.env)
+        cwd = self.workspace.directory(req.cwd or ".")
         return CommandSpec(
             argv=req.argv(),
-            cwd=os.path.join(self.workspace.root, rel),
-            env=env,
+            cwd=cwd,
+            env=self.command_env(req.env),
             timeout_s=req.timeout_s,
             stdin=req.stdin.encode() if req.stdin is not None else None,
             max_output_bytes=req.max_output_bytes,
@@ -132,7 +134,8 @@ async def exec_command(request: Request) -> Response:
     d = _daemon(request)
     spec = d.command_spec(await d.json_body(request, schemas.ExecRequest))
     if NDJSON in request.headers.get("accept", ""):
-        return StreamingResponse(_stream(d.runner, spec), media_type=NDJSON)
+        events = ndjson.event_stream(lambda emit: _exec_events(d.runner, spec, emit))
+        return StreamingResponse(events, media_type=NDJSON)
     result = await d.runner.run(spec)
     if result.stdout.size + result.stderr.size <= BUFFERED_RESULT_BYTES:
         # The common small result: one body, one write (streaming costs ~1 ms a call).
@@ -140,25 +143,10 @@ async def exec_command(request: Request) -> Response:
     return StreamingResponse(_in_loop(result.iter_json()), media_type="application/json")
 
 
-async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
+async def _exec_events(runner: Runner, spec: CommandSpec, emit: ndjson.Emit) -> ndjson.Event:
     """NDJSON: output lines as they arrive, then one exit line."""
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-
-    def sink(stream: str, text: str) -> None:
-        queue.put_nowait(_line({"type": stream, "data": text}))
-
-    task = asyncio.ensure_future(runner.run(spec, sink))
-    try:
-        while not (task.done() and queue.empty()):
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield getter.result()
-            else:
-                getter.cancel()
-        yield _line({"type": "exit", **task.result().summary()})
-    finally:
-        task.cancel()  # the client went away: the command's whole tree is killed
+    result = await runner.run(spec, lambda stream, text: emit({"type": stream, "data": text}))
+    return {"type": "exit", **result.summary()}
 
 
 async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
@@ -166,10 +154,6 @@ async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
     at pids_max) could then not even answer. Encoding JSON is CPU work: stay in the loop."""
     for piece in pieces:
         yield piece
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 async def write_file(request: Request) -> Response:
@@ -333,6 +317,7 @@ OPERATIONS = (
         errors=(403, 404, 409, 503),
     ),
     Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
+    *CODE_OPERATIONS,
 )
 
 

@@ -143,6 +143,14 @@ class Runner:
     def running_pids(self) -> set[int]:
         return set(self._running)
 
+    def track(self, pid: int) -> None:
+        """Counts a long-lived process started elsewhere (a code context) as a root: the
+        orphan reaper leaves it to its owner, kill walks never take it for an orphan."""
+        self._running.add(pid)
+
+    def untrack(self, pid: int) -> None:
+        self._running.discard(pid)
+
     async def run(self, spec: CommandSpec, sink: OutputSink | None = None) -> CommandResult:
         started = time.monotonic()
         try:
