@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandcell.cellapi.client import DaemonClient
-from support.daemons import RunningDaemon
+from support.daemons import RunningDaemon, launch_daemon
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -45,13 +46,16 @@ def main_text(result: dict[str, Any]) -> str | None:
     return mains[0]["text/plain"] if mains else None
 
 
-def test_state_persists_and_last_expression_is_main_result(client: DaemonClient):
+def test_state_persists_and_last_expression_is_main_result(
+    client: DaemonClient, daemon: RunningDaemon
+):
     first = run(client, "x = 20\nimport math")
     assert first["error"] is None and first["results"] == []
     second = run(client, "y = x + 1\nprint('side', y)\nmath.floor(2.5) + y * 2")
     assert second["stdout"] == ["side 21\n"]
     assert main_text(second) == "44"
     assert second["execution_count"] == first["execution_count"] + 1
+    assert not (daemon.workspace / ".ipython").exists()  # no profile, no history file there
 
 
 def test_matplotlib_figure_is_png(client: DaemonClient):
@@ -289,3 +293,19 @@ def test_binary_junk_never_breaks_the_stream(client: DaemonClient):
     assert events[-1]["type"] == "end"
     results = [e for e in events if e["type"] == "result"]
     assert len(results) == 2
+
+
+def test_python_without_ipython_says_so(tmp_path: Path):
+    """A template whose python lacks IPython: a 400 that names what is missing."""
+    daemon = launch_daemon(tmp_path, "--code-python", "/usr/bin/python3")
+    try:
+        daemon.initialize()
+        with daemon.client() as client:
+            r = client.signed_request("POST", "/v1/code/run", json_body={"code": "1"})
+            assert r.status_code == 400, r.text
+            assert "IPython" in r.json()["error"]["message"]
+            assert "code-interpreter template" in r.json()["error"]["message"]
+            bash = run(client, "echo still-fine", language="bash")
+            assert bash["stdout"] == ["still-fine\n"]
+    finally:
+        daemon.stop()

@@ -5,13 +5,14 @@ from __future__ import annotations
 from types import TracebackType
 
 from sandcell.client.binding import AsyncBound
+from sandcell.client.code import CodeInterpreter
 from sandcell.client.commands import AsyncCommands
 from sandcell.client.errors import SandcellError
 from sandcell.client.files import AsyncFiles
 from sandcell.client.lifecycle import SandboxBase
 
 
-class AsyncSandbox(AsyncBound, SandboxBase):
+class AsyncSandbox(AsyncBound, CodeInterpreter, SandboxBase):
     """A sandbox on a sandcell server, used with `await`.
 
     ```python

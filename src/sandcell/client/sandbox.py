@@ -5,13 +5,14 @@ from __future__ import annotations
 from types import TracebackType
 
 from sandcell.client.binding import SyncBound
+from sandcell.client.code import CodeInterpreter
 from sandcell.client.commands import Commands
 from sandcell.client.errors import SandcellError
 from sandcell.client.files import Files
 from sandcell.client.lifecycle import SandboxBase
 
 
-class Sandbox(SyncBound, SandboxBase):
+class Sandbox(SyncBound, CodeInterpreter, SandboxBase):
     """A sandbox on a sandcell server, used with blocking calls.
 
     ```python

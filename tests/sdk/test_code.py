@@ -1,0 +1,163 @@
+"""The code interpreter through a real `sandcell serve` and real cells: SDK (sync and async),
+and the raw router API (NDJSON streaming proxied, errors in the §1 shape)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sandcell.client import ClientConfig, Context, Execution, NotFoundError, Result, Sandbox
+from sandcell.client.errors import BadRequestError
+from sdk.helpers import Flavour
+from support.server import RunningServer
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+
+
+@pytest.fixture(scope="module")
+def code_sandbox(config: ClientConfig):
+    """One sandbox whose python context has imported pandas and matplotlib once."""
+    with Sandbox.create(config=config) as sbx:
+        yield sbx.id
+
+
+async def test_state_results_and_execution_fields(
+    flavour: Flavour, config: ClientConfig, code_sandbox: str
+):
+    async with flavour.connected(code_sandbox, config) as sbx:
+        ctx = await flavour(sbx.create_code_context())
+        assert isinstance(ctx, Context) and ctx.language == "python" and ctx.cwd
+        await flavour(sbx.run_code("import math\nbase = 40", context=ctx))
+        execution = await flavour(sbx.run_code("print('hi')\nbase + math.floor(2.9)", context=ctx))
+        assert isinstance(execution, Execution)
+        assert execution.text == "42" and execution.error is None
+        assert execution.logs.stdout == ["hi\n"] and execution.logs.stderr == []
+        assert execution.execution_count == 2
+        (main,) = execution.results
+        assert isinstance(main, Result) and main.is_main_result and main.formats() == ["text"]
+        await flavour(sbx.remove_code_context(ctx))
+
+
+async def test_chart_and_dataframe(flavour: Flavour, config: ClientConfig, code_sandbox: str):
+    async with flavour.connected(code_sandbox, config) as sbx:
+        chart = await flavour(
+            sbx.run_code(
+                "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()", timeout=120
+            )
+        )
+        assert chart.error is None, chart.error
+        (figure,) = chart.results
+        assert "png" in figure.formats() and figure.image_bytes().startswith(PNG_SIGNATURE)
+        frame = await flavour(sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})"))
+        (table,) = frame.results
+        assert "<table" in table.html and table.text and frame.text == table.text
+
+
+async def test_error_and_streaming_callbacks(
+    flavour: Flavour, config: ClientConfig, code_sandbox: str
+):
+    seen: list[tuple[str, object]] = []
+    async with flavour.connected(code_sandbox, config) as sbx:
+        execution = await flavour(
+            sbx.run_code(
+                "import sys\nprint('out')\nprint('err', file=sys.stderr)\n"
+                "from IPython.display import display\ndisplay('shown')\n1 / 0",
+                on_stdout=lambda m: seen.append(("stdout", m.line)),
+                on_stderr=lambda m: seen.append(("stderr", m.line)),
+                on_result=lambda r: seen.append(("result", r.text)),
+                on_error=lambda e: seen.append(("error", e.name)),
+            )
+        )
+    assert execution.error.name == "ZeroDivisionError"
+    assert execution.error.value == "division by zero" and "1 / 0" in execution.error.traceback
+    assert seen == [
+        ("stdout", "out\n"),
+        ("stderr", "err\n"),
+        ("result", "'shown'"),
+        ("error", "ZeroDivisionError"),
+    ]
+    assert execution.logs.stdout == ["out\n"] and execution.text is None
+
+
+async def test_timeout_keeps_state_and_self_kill_restarts(
+    flavour: Flavour, config: ClientConfig, code_sandbox: str
+):
+    async with flavour.connected(code_sandbox, config) as sbx:
+        ctx = await flavour(sbx.create_code_context())
+        await flavour(sbx.run_code("before = 'kept'", context=ctx))
+        started = time.monotonic()
+        stuck = await flavour(sbx.run_code("while True: pass", context=ctx, timeout=1))
+        assert time.monotonic() - started < 10
+        assert stuck.timed_out and stuck.error.name == "TimeoutError"
+        assert (await flavour(sbx.run_code("before", context=ctx))).text == "'kept'"
+        died = await flavour(sbx.run_code("import os; os._exit(1)", context=ctx))
+        assert died.error.name == "ContextRestarted" and "restarted" in died.error.value
+        after = await flavour(sbx.run_code("'before' in dir(), 1 + 1", context=ctx))
+        assert after.text == "(False, 2)"
+        await flavour(sbx.remove_code_context(ctx))
+
+
+async def test_bash_contexts_and_restart(flavour: Flavour, config: ClientConfig, code_sandbox: str):
+    async with flavour.connected(code_sandbox, config) as sbx:
+        bash = await flavour(sbx.create_code_context(language="bash"))
+        await flavour(sbx.run_code("mkdir -p d && cd d && export X=1", context=bash))
+        r = await flavour(sbx.run_code('echo "$PWD:$X"', context=bash))
+        assert r.logs.stdout == ["/workspace/d:1\n"]
+        py_a = await flavour(sbx.create_code_context())
+        py_b = await flavour(sbx.create_code_context())
+        await flavour(sbx.run_code("v = 1", context=py_a))
+        assert (await flavour(sbx.run_code("v", context=py_b))).error.name == "NameError"
+        await flavour(sbx.restart_code_context(py_a))
+        assert (await flavour(sbx.run_code("v", context=py_a))).error.name == "NameError"
+        ids = {c.id for c in await flavour(sbx.list_code_contexts())}
+        assert {bash.id, py_a.id, py_b.id} <= ids
+        for ctx in (bash, py_a, py_b):
+            await flavour(sbx.remove_code_context(ctx))
+        with pytest.raises(NotFoundError):
+            await flavour(sbx.run_code("1", context=py_a))
+        with pytest.raises(BadRequestError):
+            await flavour(sbx.run_code("1", language="cobol"))
+
+
+def test_router_streams_ndjson_and_maps_errors(
+    sdk_server: RunningServer, api_key: str, code_sandbox: str
+):
+    base = f"/v1/sandboxes/{code_sandbox}/code"
+    with sdk_server.client(api_key) as http:
+        body = {
+            "code": "import time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)"
+        }
+        arrivals = []
+        with http.stream(
+            "POST", f"{base}/run", json=body, headers={"accept": "application/x-ndjson"}
+        ) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                arrivals.append((time.monotonic(), json.loads(line)))
+        kinds = [e["type"] for _, e in arrivals]
+        assert kinds[-1] == "end" and kinds.count("stdout") >= 2
+        assert arrivals[-1][0] - arrivals[0][0] > 0.4  # events came as they happened
+        for payload, status in (
+            ({"code": "1", "language": "nope"}, 400),
+            ({"code": "1", "context_id": "ctx-none"}, 404),
+        ):
+            r = http.post(f"{base}/run", json=payload)
+            assert r.status_code == status and r.json()["error"]["code"] in (
+                "BAD_REQUEST",
+                "NOT_FOUND",
+            )
+        r = http.post(f"{base}/contexts/..%2Finit/restart")
+        assert r.status_code in (400, 404)
+
+
+def test_memory_counts_against_the_cell(config: ClientConfig, sdk_server: RunningServer):
+    """A context that eats memory loses its process (the OOM killer takes it, not the
+    daemon): the run reports the restart and the sandbox keeps working."""
+    with Sandbox.create(config=config) as sbx:
+        r = sbx.run_code("hog = b'x' * (1 << 30)")  # 1 GiB, touched: over the 256 MiB cell
+        assert r.error.name == "ContextRestarted" and "SIGKILL" in r.error.value
+        assert sbx.run_code("2 + 2").text == "4"
+        assert sbx.commands.run("echo alive").stdout == "alive\n"
