@@ -4,14 +4,16 @@ and the raw router API (NDJSON streaming proxied, errors in the §1 shape)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from sandcell.client import ClientConfig, Context, Execution, NotFoundError, Result, Sandbox
 from sandcell.client.errors import BadRequestError
 from sdk.helpers import Flavour
-from support.server import RunningServer
+from support.server import RunningServer, sandcell_bin
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
@@ -161,3 +163,32 @@ def test_memory_counts_against_the_cell(config: ClientConfig, sdk_server: Runnin
         assert r.error.name == "ContextRestarted" and "SIGKILL" in r.error.value
         assert sbx.run_code("2 + 2").text == "4"
         assert sbx.commands.run("echo alive").stdout == "alive\n"
+
+
+def test_cli_prints_text_and_saves_images(
+    sdk_server: RunningServer, api_key: str, code_sandbox: str, tmp_path: Path
+):
+    env = {"PATH": "/usr/bin:/bin", "SANDCELL_URL": sdk_server.url, "SANDCELL_API_KEY": api_key}
+
+    def sandcell(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sandcell_bin(), "code", code_sandbox, *args],
+            env=env, input=stdin, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+
+    done = sandcell("-c", "cli_var = 6\nprint('hello')\ncli_var * 7")
+    assert done.returncode == 0 and done.stdout == "hello\n42\n", done.stderr
+    script = tmp_path / "chart.py"
+    script.write_text("import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()\n")
+    done = sandcell(str(script), "-o", "charts")
+    assert done.returncode == 0, done.stderr
+    assert "saved png to charts/result-1.png" in done.stderr
+    assert (tmp_path / "charts" / "result-1.png").read_bytes().startswith(PNG_SIGNATURE)
+    failed = sandcell("-", stdin="cli_var / 0\n")
+    assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
+    bash = sandcell("-l", "bash", "-c", "echo from-bash")
+    assert bash.returncode == 0 and bash.stdout == "from-bash\n"
+    as_json = json.loads(sandcell("--json", "-c", "cli_var").stdout)
+    assert as_json["results"][0]["text/plain"] == "6" and as_json["error"] is None
+    missing = sandcell("--context", "ctx-none", "-c", "1")
+    assert missing.returncode == 125 and missing.stderr.startswith("sandcell: NOT_FOUND: ")

@@ -156,6 +156,10 @@ from sandcell.cli.sandboxes import register as _register_client_commands  # noqa
 
 _register_client_commands(app)
 
+from sandcell.cli.code import register as _register_code_command  # noqa: E402
+
+_register_code_command(app)
+
 
 def main() -> None:
     app()
