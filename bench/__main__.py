@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import figures
+from bench import code, figures
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -27,6 +27,7 @@ def run(quick: bool) -> list[figures.Row]:
             rows += figures.throughput(warm, seconds=5 if quick else 10)
             rows += figures.warm_claims(warm, claims)
             rows += figures.many_sandboxes(warm, many)
+            rows += code.code_interpreter(warm, n, starts)
         finally:
             warm.close()
         cold = figures.Server(Path(tmp), warm_pool=0)
