@@ -309,3 +309,20 @@ def test_python_without_ipython_says_so(tmp_path: Path):
             assert bash["stdout"] == ["still-fine\n"]
     finally:
         daemon.stop()
+
+
+def test_contexts_hold_no_daemon_socket_or_secret(client: DaemonClient):
+    """The attack: look for the daemon's listening socket or its other fds among the
+    context's inherited descriptors, and for its environment."""
+    fds = (
+        "import os\n"
+        "def target(fd):\n"
+        "    try: return os.readlink(f'/proc/self/fd/{fd}')\n"
+        "    except OSError: return ''\n"
+        "sorted(target(fd) for fd in os.listdir('/proc/self/fd'))"
+    )
+    held = main_text(run(client, fds))
+    assert "socket:" not in held and held.count("pipe:") <= 4, held
+    shell = run(client, "ls -l /proc/$$/fd/ | grep -c socket; env | grep -c -e SANDCELL -e SECRET",
+                language="bash")  # fmt: skip
+    assert shell["stdout"] == ["0\n", "0\n"], shell
