@@ -26,6 +26,7 @@ from typing import Any
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
 
 _PR_SET_PDEATHSIG = 1
 
@@ -170,7 +171,9 @@ def main() -> None:
     sys.stdout, sys.stderr = unbuffered_text(1), unbuffered_text(2)
     sys.path.insert(0, "")  # modules in the working directory import, as in Jupyter
     CHANNEL = Channel(event_fd)
-    shell = Shell.instance(colors="nocolor")
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"  # no sqlite file anywhere
+    shell = Shell.instance(config=config, colors="nocolor")
     CHANNEL.send({"type": "ready"})
     with open(command_fd, "rb") as commands:
         serve(commands, shell)

@@ -20,7 +20,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from sandcell.daemon import processes
@@ -165,8 +165,11 @@ class Kernel:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _read_output(self, stream: str) -> None:
-        fd = self._fds.get(stream)
+    def _drain(
+        self, name: str, on_data: Callable[[bytes], None], on_end: Callable[[], None]
+    ) -> None:
+        """Reads what the (non-blocking) pipe `name` holds now; at its end, stops watching."""
+        fd = self._fds.get(name)
         while fd is not None:
             try:
                 data = os.read(fd, READ_CHUNK)
@@ -174,9 +177,16 @@ class Kernel:
                 return
             if not data:
                 asyncio.get_running_loop().remove_reader(fd)
-                self._deliver_output(stream, b"", final=True)
+                on_end()
                 return
-            self._deliver_output(stream, data)
+            on_data(data)
+
+    def _read_output(self, stream: str) -> None:
+        self._drain(
+            stream,
+            lambda data: self._deliver_output(stream, data),
+            lambda: self._deliver_output(stream, b"", final=True),
+        )
 
     def _deliver_output(self, stream: str, data: bytes, final: bool = False) -> None:
         if self._run is not None:
@@ -185,20 +195,13 @@ class Kernel:
             self._stderr_tail = (self._stderr_tail + data)[-STDERR_TAIL:]
 
     def _read_events(self) -> None:
-        fd = self._fds.get("events")
-        while fd is not None:
-            try:
-                data = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                return
-            if not data:
-                # Usually the process is exiting: its pidfd tells how. If it lives on
-                # without its channel, it is of no more use.
-                loop = asyncio.get_running_loop()
-                loop.remove_reader(fd)
-                loop.call_later(CHANNEL_GRACE_S, self._lost, "it closed its event channel")
-                return
-            self._take_lines(data)
+        self._drain("events", self._take_lines, self._channel_closed)
+
+    def _channel_closed(self) -> None:
+        """Usually the process is exiting, and its pidfd tells how. If it lives on without
+        its channel, it is of no more use."""
+        loop = asyncio.get_running_loop()
+        loop.call_later(CHANNEL_GRACE_S, self._lost, "it closed its event channel")
 
     def _take_lines(self, data: bytes) -> None:
         while data:

@@ -20,12 +20,12 @@ from pathlib import Path
 from sandcell.daemon.code.results import Event, RunOutput
 
 DRIVER = Path(__file__).with_name("ipython_driver.py")
-# Figures become image/png results (matplotlib_inline ships with IPython); matplotlib's font
-# cache goes to a writable place (HOME is the workspace: no clutter there).
+# Figures become image/png results (matplotlib_inline ships with IPython). IPython's profile
+# and matplotlib's font cache go to the cell's tmpfs: HOME is the workspace, kept clean.
 ENV_DEFAULTS = {
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     "MPLCONFIGDIR": "/tmp/matplotlib",  # noqa: S108 - the cell's own tmpfs
-    "PYTHONUNBUFFERED": "1",
+    "IPYTHONDIR": "/tmp/ipython",  # noqa: S108
 }
 
 
