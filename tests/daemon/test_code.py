@@ -5,15 +5,27 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandcell.cellapi.client import DaemonClient
+from sandcell.daemon.code.contexts import MAX_CONTEXTS
 from support.daemons import RunningDaemon, launch_daemon
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _delete_new_contexts(client: DaemonClient) -> Iterator[None]:
+    """Each test's contexts go with it (the daemon is shared, its contexts are counted)."""
+    before = {c["id"] for c in client.signed_request("GET", "/v1/code/contexts").json()["contexts"]}
+    yield
+    for ctx in client.signed_request("GET", "/v1/code/contexts").json()["contexts"]:
+        if ctx["id"] not in before:
+            client.signed_request("DELETE", f"/v1/code/contexts/{ctx['id']}")
 
 
 def run(client: DaemonClient, code: str, **fields: Any) -> dict[str, Any]:
@@ -179,6 +191,7 @@ def test_kernel_that_kills_itself_is_restarted(client: DaemonClient):
     run(client, "x = 1", context_id=ctx)
     r = run(client, "print('going'); import os; os._exit(3)", context_id=ctx)
     assert r["error"]["name"] == "ContextRestarted" and "exited with code 3" in r["error"]["value"]
+    assert "python context's process ended" in r["error"]["value"]
     assert "restarted" in r["error"]["value"] and r["stdout"] == ["going\n"]
     assert main_text(run(client, "'x' in dir(), 2 + 2", context_id=ctx)) == "(False, 4)"
 
@@ -221,6 +234,11 @@ def test_bash_keeps_cd_and_exports(client: DaemonClient, daemon: RunningDaemon):
     with_env = run(client, 'echo "$ONLY_NOW"', context_id=ctx, env={"ONLY_NOW": "x y"})
     assert with_env["stdout"] == ["x y\n"]
     assert run(client, 'echo "[$ONLY_NOW]"', context_id=ctx)["stdout"] == ["[]\n"]
+    # Commands that read stdin get nothing: not the rest of the code (a large one included).
+    reader = run(client, "cat; echo after\n" + ": filler\n" * 20_000 + "echo end", context_id=ctx)
+    assert reader["stdout"] == ["after\n", "end\n"] and reader["error"] is None
+    odd = run(client, "printf 'a\\rb\\x0c\\n'; echo 'x\x0cy'", context_id=ctx)  # not line ends
+    assert odd["stdout"] == ["a\rb\x0c\n", "x\x0cy\n"], odd
     default = run(client, "echo $((6 * 7))", language="bash")
     assert default["stdout"] == ["42\n"]
 
@@ -326,3 +344,21 @@ def test_contexts_hold_no_daemon_socket_or_secret(client: DaemonClient):
     shell = run(client, "ls -l /proc/$$/fd/ | grep -c socket; env | grep -c -e SANDCELL -e SECRET",
                 language="bash")  # fmt: skip
     assert shell["stdout"] == ["0\n", "0\n"], shell
+
+
+def test_contexts_are_limited(client: DaemonClient):
+    listed = client.signed_request("GET", "/v1/code/contexts").json()["contexts"]
+    made = [new_context(client, "bash") for _ in range(MAX_CONTEXTS - len(listed))]
+    r = client.signed_request("POST", "/v1/code/contexts", json_body={"language": "bash"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "RATE_LIMITED"
+    client.signed_request("DELETE", f"/v1/code/contexts/{made[0]}")
+    new_context(client, "bash")
+
+
+def test_empty_code_and_exit_in_bash(client: DaemonClient):
+    assert run(client, "")["error"] is None
+    assert run(client, "# only a comment\n")["error"] is None
+    ctx = new_context(client, "bash")
+    gone = run(client, "echo bye; exit 4", context_id=ctx)
+    assert gone["error"]["name"] == "ContextRestarted" and "code 4" in gone["error"]["value"]
+    assert run(client, "echo back", context_id=ctx)["stdout"] == ["back\n"]

@@ -95,6 +95,8 @@ class MoveRequest(_Strict):
 
 DEFAULT_CODE_TIMEOUT_S = 300
 MAX_CODE_BYTES = 4 * 1_048_576
+# A run's reply is encoded whole (its results too): a lower cap than exec's streamed one.
+MAX_CODE_OUTPUT = 8 * 1_048_576
 
 
 class CodeRunRequest(_Strict):
@@ -105,7 +107,9 @@ class CodeRunRequest(_Strict):
     context_id: str | None = Field(None, max_length=128)
     timeout_s: float = Field(DEFAULT_CODE_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     env: dict[str, str] | None = None
-    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_CAP)
+    max_output_bytes: int = Field(
+        DEFAULT_MAX_OUTPUT, ge=0, le=MAX_CODE_OUTPUT, description="per stream, as exec's"
+    )
 
     @field_validator("code")
     @classmethod

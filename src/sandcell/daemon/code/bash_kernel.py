@@ -27,7 +27,7 @@ class BashLanguage:
 
     def frame(self, run_id: int, code: str, env: Mapping[str, str]) -> bytes:
         """The code as a quoted here-document (no expansion; its delimiter unguessable),
-        sourced by the shell with the run's env assigned for that run only."""
+        sourced by the shell (not a subshell) with the run's env assigned for that run only."""
         for name in env:
             if not _NAME.fullmatch(name):
                 raise SandcellError(
@@ -37,7 +37,10 @@ class BashLanguage:
                 )
         end = f"__sandcell_{secrets.token_hex(16)}"
         assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in env.items())
-        lines = [f"{assignments}. /dev/stdin <<'{end}'", *code.splitlines(), end]
+        # Sourced from fd 9, with stdin /dev/null: a command that reads stdin must not read
+        # the rest of the code. Lines as bash's `read` counts them: on "\n" only.
+        body = code.removesuffix("\n").split("\n")
+        lines = [f"{assignments}. /dev/fd/9 9<<'{end}' </dev/null", *body, end]
         text = "\n".join(lines) + "\n"
         return f"{run_id} {len(lines)}\n{text}".encode("utf-8", "surrogatepass")
 

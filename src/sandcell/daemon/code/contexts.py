@@ -187,9 +187,8 @@ class Context:
         output.fail(
             error_event(
                 "ContextRestarted",
-                f"the {self.language.name} context's process died during this run ({why}: "
-                "os._exit, a fatal signal or the memory limit); the context was restarted "
-                "and its state is lost",
+                f"the {self.language.name} context's process ended during this run ({why}); "
+                "the context was restarted and its state is lost",
             )
         )
 

@@ -131,11 +131,16 @@ class RunOutput:
         error = None
         if self.error is not None:
             error = {k: v for k, v in self.error.items() if k != "type"}
-        # Lines, whatever the writes' and reads' chunking was.
         return {
-            "stdout": "".join(self.text["stdout"]).splitlines(keepends=True),
-            "stderr": "".join(self.text["stderr"]).splitlines(keepends=True),
+            "stdout": _lines(self.text["stdout"]),
+            "stderr": _lines(self.text["stderr"]),
             "results": self.results,
             "error": error,
             **summary,
         }
+
+
+def _lines(chunks: list[str]) -> list[str]:
+    """Lines ending in "\n" (only), whatever the writes' and reads' chunking was."""
+    *whole, rest = "".join(chunks).split("\n")
+    return [line + "\n" for line in whole] + ([rest] if rest else [])
