@@ -304,7 +304,8 @@ class CodeInterpreter:
     def create_code_context(
         self, language: str | None = None, cwd: str | None = None
     ) -> Op[Context]:
-        """A new context (its interpreter started), in `cwd` relative to the workspace."""
+        """A new context in `cwd` (relative to the workspace); its interpreter starts with the
+        first run."""
         body = {"language": language or "python", "cwd": cwd or "."}
         request = Request(
             "POST", sandbox_path(self.id, "code/contexts"), json=body, idempotent=False

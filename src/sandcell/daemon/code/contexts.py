@@ -1,11 +1,12 @@
 """Code contexts (SPEC §10): the table, and each context's process through its lifecycle.
 
-A context owns at most one kernel process at a time and runs one request at a time (others
-wait their turn). A run that outlives its timeout is interrupted (its state kept); if the
-interrupt does not end it within `INTERRUPT_GRACE_S`, or the process dies during a run, the
-process is replaced at once and the run's error says the state is lost. Every process is a
-child of the daemon inside the cell, so it counts against the cell's memory and pids and dies
-with the sandbox.
+A context owns at most one kernel process at a time, started when a run first needs it (a
+context costs nothing until used: tens of MB once IPython runs), and runs one request at a
+time (others wait their turn). A run that outlives its timeout is interrupted (its state
+kept); if the interrupt does not end it within `INTERRUPT_GRACE_S`, or the process dies during
+a run, the process is killed, the run's error says the state is lost, and the next run starts
+a fresh one. Every process is a child of the daemon inside the cell, so it counts against the
+cell's memory and pids and dies with the sandbox.
 """
 
 from __future__ import annotations
@@ -79,21 +80,18 @@ class Context:
             raise
         return kernel
 
-    def _boot(self) -> asyncio.Future[Kernel]:
-        """Starts a fresh process in the background (once); `_started` waits for it."""
-        if self._booting is None:
-            self._booting = asyncio.ensure_future(self._launch())
-        return self._booting
-
     async def _started(self) -> Kernel:
+        """The context's process, started when first needed (once, however many wait)."""
         if self._kernel is not None and not self._kernel.dead:
             return self._kernel
         self._drop_kernel()
-        booting = self._boot()
+        if self._booting is None:
+            self._booting = asyncio.ensure_future(self._launch())
+        booting = self._booting
         try:
             self._kernel = await asyncio.shield(booting)
         finally:
-            if booting.done():
+            if booting.done() and self._booting is booting:
                 self._booting = None
         return self._kernel
 
@@ -102,12 +100,11 @@ class Context:
             self._kernel.kill()
             self._kernel = None
 
-    async def restart(self) -> None:
-        """Fresh state now: the old process (and a run in it) is killed."""
+    def restart(self) -> None:
+        """Fresh state: the process (and a run in it) is killed; the next run starts anew."""
         self._stopped_by = "the context was restarted"
         self._drop_kernel()
         self._abandoned = None
-        await self._started()
 
     def close(self) -> None:
         self._stopped_by = "the context was deleted"
@@ -193,11 +190,10 @@ class Context:
         )
 
     def _replace(self, kernel: Kernel) -> None:
-        """Kills `kernel` and starts its successor in the background."""
+        """Kills `kernel`: the next run starts a fresh process."""
         kernel.kill()
         if self._kernel is kernel:
             self._kernel = None
-            self._boot().add_done_callback(_retrieve)
 
     async def _settle_abandoned(self) -> None:
         abandoned, self._abandoned = self._abandoned, None
@@ -207,12 +203,6 @@ class Context:
             await asyncio.wait_for(abandoned, INTERRUPT_GRACE_S)
         except (TimeoutError, KernelDied):
             self._drop_kernel()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """A background start's failure is reported by the next run that needs the process."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _kill_result(future: asyncio.Future[Kernel]) -> None:

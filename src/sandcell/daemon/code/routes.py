@@ -50,11 +50,6 @@ async def create_context(request: Request) -> Response:
     req = await d.json_body(request, schemas.CodeContextRequest)
     language = d.contexts.language(req.language)  # an unknown language is a 400 first
     context = d.contexts.create(language.name, d.workspace.directory(req.cwd))
-    try:
-        await context.prepare()
-    except BaseException:
-        d.contexts.remove(context.id)
-        raise
     return JSONResponse(context.view(), status_code=201)
 
 
@@ -67,7 +62,7 @@ async def list_contexts(request: Request) -> Response:
 async def restart_context(request: Request) -> Response:
     d = _daemon(request)
     d.authorize(request, await read_body(request, MAX_EMPTY_BODY), body_required=True)
-    await d.contexts.get(request.path_params["context_id"]).restart()
+    d.contexts.get(request.path_params["context_id"]).restart()
     return Response(status_code=204)
 
 
@@ -92,7 +87,7 @@ CODE_OPERATIONS = (
         "POST",
         "/v1/code/contexts",
         create_context,
-        "Create a code context (its process started)",
+        "Create a code context (its process starts with its first run)",
         body=schemas.CodeContextRequest,
         response=schemas.CodeContext,
         status=201,
