@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -362,3 +364,25 @@ def test_empty_code_and_exit_in_bash(client: DaemonClient):
     gone = run(client, "echo bye; exit 4", context_id=ctx)
     assert gone["error"]["name"] == "ContextRestarted" and "code 4" in gone["error"]["value"]
     assert run(client, "echo back", context_id=ctx)["stdout"] == ["back\n"]
+
+
+def test_restart_spares_background_processes_of_commands(
+    client: DaemonClient, daemon: RunningDaemon
+):
+    """A context lives long: killing it must not sweep up what exec commands left running."""
+    ctx = new_context(client)
+    run(client, "started = True", context_id=ctx)
+    pid_file = daemon.workspace / "background.pid"
+    client.exec(f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' >/dev/null 2>&1 &")
+    deadline = time.monotonic() + 5
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    background = int(pid_file.read_text())
+    try:
+        assert client.signed_request("POST", f"/v1/code/contexts/{ctx}/restart").status_code == 204
+        run(client, "import os; os._exit(9)", context_id=ctx)  # and a kernel that dies
+        state = Path(f"/proc/{background}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state not in ("Z", "X")  # alive, not a killed zombie waiting to be reaped
+    finally:
+        os.kill(background, signal.SIGKILL)

@@ -151,7 +151,8 @@ class Kernel:
     def kill(self) -> None:
         """Kills the whole tree and releases everything; safe to call twice."""
         if self.proc.returncode is None:
-            processes.kill_command_tree(self.proc.pid, self._tracker.running_pids - {self.proc.pid})
+            others = self._tracker.running_pids - {self.proc.pid}
+            processes.kill_command_tree(self.proc.pid, others, adopted=False)
             self.proc.wait()
         self._mark_dead()
         loop = asyncio.get_running_loop()
