@@ -386,3 +386,12 @@ def test_restart_spares_background_processes_of_commands(
         assert state not in ("Z", "X")  # alive, not a killed zombie waiting to be reaped
     finally:
         os.kill(background, signal.SIGKILL)
+
+
+def test_a_context_that_died_between_runs_says_so(client: DaemonClient):
+    ctx = new_context(client)
+    pid = main_text(run(client, "import os; kept = 1; os.getpid()", context_id=ctx))
+    client.exec(f"kill -9 {pid}")
+    time.sleep(0.2)
+    r = run(client, "'kept' in dir()", context_id=ctx)
+    assert main_text(r) == "False" and "killed by SIGKILL" in r["stderr"][0], r

@@ -51,6 +51,7 @@ class Context:
         self._abandoned: asyncio.Future[Any] | None = None  # a run whose client went away
         self._run_ids = itertools.count(1)
         self._stopped_by: str | None = None
+        self._ended_idle = ""  # how the process ended between runs, for the next run to say
 
     def view(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language.name, "cwd": self.cwd}
@@ -84,6 +85,8 @@ class Context:
         """The context's process, started when first needed (once, however many wait)."""
         if self._kernel is not None and not self._kernel.dead:
             return self._kernel
+        if self._kernel is not None:  # it ended between runs (a run's end is reported by it)
+            self._ended_idle = self._kernel.why_dead
         self._drop_kernel()
         if self._booting is None:
             self._booting = asyncio.ensure_future(self._launch())
@@ -130,6 +133,14 @@ class Context:
         async with self._lock:
             await self._settle_abandoned()
             kernel = await self._started()
+            if self._ended_idle:
+                note = (
+                    f"sandcell: the {self.language.name} context's process ended since the last "
+                    f"run ({self._ended_idle}); this run starts a fresh one: earlier state is "
+                    "lost\n"
+                )
+                output.output("stderr", note.encode())
+                self._ended_idle = ""
             self._stopped_by = None
             submitted = asyncio.ensure_future(kernel.submit(*frame, output))
             try:
