@@ -313,6 +313,9 @@ def test_binary_junk_never_breaks_the_stream(client: DaemonClient):
     assert events[-1]["type"] == "end"
     results = [e for e in events if e["type"] == "result"]
     assert len(results) == 2
+    cyclic = "d = {'text/plain': 'cyc'}; d['application/json'] = d\ndisplay(d, raw=True)\n'ok'"
+    r = run(client, "from IPython.display import display\n" + cyclic)
+    assert [res["text/plain"] for res in r["results"]] == ["cyc", "'ok'"], r
 
 
 def test_python_without_ipython_says_so(tmp_path: Path):

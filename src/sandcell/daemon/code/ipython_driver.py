@@ -39,7 +39,13 @@ class Channel:
         self.run_id = 0
 
     def send(self, event: dict[str, Any]) -> None:
-        line = json.dumps({**event, "id": self.run_id}, default=repr).encode() + b"\n"
+        event = {**event, "id": self.run_id}
+        try:
+            text = json.dumps(event, default=repr)
+        except (TypeError, ValueError, RecursionError):  # odd keys, cycles: keep the text
+            plain = str(event.get("data", {}).get("text/plain", "<a result JSON cannot hold>"))
+            text = json.dumps({**event, "data": {"text/plain": plain}})
+        line = text.encode() + b"\n"
         # Whatever was printed before this event reaches the daemon first.
         with contextlib.suppress(Exception):
             sys.stdout.flush()
