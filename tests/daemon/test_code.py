@@ -124,6 +124,21 @@ def test_exception_is_200_with_name_value_traceback(client: DaemonClient):
     assert syntax["name"] == "SyntaxError"
 
 
+def test_matplotlib_magic_and_rich_images(client: DaemonClient):
+    r = run(
+        client,
+        "%matplotlib inline\nimport matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots(); ax.plot([1, 2]); fig",
+    )
+    assert r["error"] is None, r["error"]
+    assert any(res["is_main_result"] and "image/png" in res for res in r["results"]), r
+    gui = run(client, "%gui qt")  # the magic reports errors on stderr
+    assert "use %matplotlib inline" in "".join(gui["stderr"]), gui
+    png = "class P:\n    def _repr_png_(self): return b'\\x89PNG\\r\\n\\x1a\\nraw'\nP()"
+    (main,) = run(client, png)["results"]
+    assert base64.b64decode(main["image/png"]) == PNG_SIGNATURE + b"raw"
+
+
 def test_magics_and_shell_escapes(client: DaemonClient):
     r = run(client, "!echo from-shell $HOME\n%cd /\nimport os; os.getcwd()")
     assert "from-shell" in "".join(r["stdout"]), r

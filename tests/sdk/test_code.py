@@ -39,6 +39,8 @@ async def test_state_results_and_execution_fields(
         assert execution.text == "42" and execution.error is None
         assert execution.logs.stdout == ["hi\n"] and execution.logs.stderr == []
         assert execution.execution_count == 2
+        env = await flavour(sbx.run_code("import os; os.environ['ONE_RUN']", envs={"ONE_RUN": "1"}))
+        assert env.text == "'1'"
         (main,) = execution.results
         assert isinstance(main, Result) and main.is_main_result and main.formats() == ["text"]
         await flavour(sbx.remove_code_context(ctx))

@@ -25,6 +25,7 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
@@ -92,6 +93,11 @@ class Shell(InteractiveShell):
     display_pub_class = ResultPublisher
     # `!cmd` writes to our stdout and stderr pipes directly (no pty needed).
     system = InteractiveShell.system_raw
+
+    def enable_gui(self, gui: str | None = None) -> None:
+        """`%matplotlib inline` needs no event loop; a GUI's cannot run without a display."""
+        if gui not in (None, "inline"):
+            raise UsageError(f"no {gui} GUI in a sandbox: use %matplotlib inline")
 
     def _showtraceback(self, etype: type, evalue: BaseException, stb: list[str]) -> None:
         CHANNEL.send(
