@@ -55,6 +55,19 @@ def new_context(client: DaemonClient, language: str = "python", **fields: Any) -
     return r.json()["id"]
 
 
+def wait_gone(pid: int, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def main_text(result: dict[str, Any]) -> str | None:
     mains = [r for r in result["results"] if r["is_main_result"]]
     return mains[0]["text/plain"] if mains else None
@@ -206,11 +219,15 @@ def test_stuck_interrupt_restarts_the_context(client: DaemonClient):
 def test_kernel_that_kills_itself_is_restarted(client: DaemonClient):
     ctx = new_context(client)
     run(client, "x = 1", context_id=ctx)
+    child = main_text(
+        run(client, "import subprocess\nsubprocess.Popen(['sleep', '60']).pid", context_id=ctx)
+    )
     r = run(client, "print('going'); import os; os._exit(3)", context_id=ctx)
     assert r["error"]["name"] == "ContextRestarted" and "exited with code 3" in r["error"]["value"]
     assert "python context's process ended" in r["error"]["value"]
     assert "restarted" in r["error"]["value"] and r["stdout"] == ["going\n"]
     assert main_text(run(client, "'x' in dir(), 2 + 2", context_id=ctx)) == "(False, 4)"
+    assert wait_gone(int(child)), "what the dead kernel started dies with it"
 
 
 def test_restart_clears_state_and_contexts_are_separate(client: DaemonClient):

@@ -149,11 +149,13 @@ class Kernel:
             os.killpg(self.proc.pid, signal.SIGINT)
 
     def kill(self) -> None:
-        """Kills the whole tree and releases everything; safe to call twice."""
-        if self.proc.returncode is None:
-            others = self._tracker.running_pids - {self.proc.pid}
-            processes.kill_command_tree(self.proc.pid, others, adopted=False)
-            self.proc.wait()
+        """Kills the whole tree, even when the process itself has already ended (what it
+        started lives on in its group), and releases everything. Safe to call twice."""
+        if self._pidfd < 0:
+            return
+        others = self._tracker.running_pids - {self.proc.pid}
+        processes.kill_command_tree(self.proc.pid, others, adopted=False)
+        self.proc.wait()
         self._mark_dead()
         loop = asyncio.get_running_loop()
         for fd in (*self._fds.values(), self._pidfd):
