@@ -8,11 +8,13 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
 from sandcell.daemon.code.contexts import MAX_CONTEXTS
 from support.daemons import RunningDaemon, launch_daemon
@@ -430,3 +432,39 @@ def test_a_context_that_died_between_runs_says_so(client: DaemonClient):
     time.sleep(0.2)
     r = run(client, "'kept' in dir()", context_id=ctx)
     assert main_text(r) == "False" and "killed by SIGKILL" in r["stderr"][0], r
+
+
+def test_restart_stops_a_running_run(client: DaemonClient, daemon: RunningDaemon):
+    ctx = new_context(client)
+    run(client, "import time", context_id=ctx)
+    with ThreadPoolExecutor(1) as pool, daemon.client() as other:
+        running = pool.submit(run, other, "time.sleep(60)", context_id=ctx)
+        time.sleep(0.5)
+        started = time.monotonic()
+        restart = client.signed_request("POST", f"/v1/code/contexts/{ctx}/restart")
+        r = running.result(timeout=10)
+    assert restart.status_code == 204 and time.monotonic() - started < 5
+    assert r["error"]["name"] == "ContextRestarted"
+    assert r["error"]["value"] == "the context was restarted during this run"
+    assert main_text(run(client, "'time' in dir()", context_id=ctx)) == "False"
+
+
+def test_a_client_that_goes_away_interrupts_its_run(client: DaemonClient, daemon: RunningDaemon):
+    ctx = new_context(client)
+    run(client, "kept = 'yes'", context_id=ctx)
+    with daemon.client() as other:
+        body = json.dumps({"code": "print('go', flush=True)\nwhile True: pass", "context_id": ctx})
+        request = other.http.build_request(
+            "POST", "/v1/code/run", content=body.encode(),
+            headers={"accept": "application/x-ndjson", "content-type": "application/json"},
+        )  # fmt: skip
+        token = tokens.mint_request_token(
+            daemon.session_key, daemon.sandbox_id, "POST", "/v1/code/run", body.encode()
+        )
+        request.headers["authorization"] = f"Bearer {token}"
+        response = other.http.send(request, stream=True)
+        assert json.loads(next(response.iter_lines()))["type"] == "stdout"
+        response.close()  # gone mid-run
+    started = time.monotonic()
+    r = run(client, "kept", context_id=ctx, timeout_s=10)
+    assert main_text(r) == "'yes'" and time.monotonic() - started < 5, r
