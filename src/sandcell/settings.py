@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from sandcell.manager.k8s.config import KubernetesConfig, parse_kubernetes
 from sandcell.manager.templates import ConfigError, Template, load_config, parse_templates
 
 DEFAULT_HOST = "127.0.0.1"
+_DOMAIN = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))+")
 DEFAULT_PORT = 8700
 BACKENDS = ("local", "kubernetes")
 SERVER_KEYS = {
@@ -23,6 +25,7 @@ SERVER_KEYS = {
     "log_format",
     "reap_interval_s",
     "init_timeout_s",
+    "preview_domain",
 }
 
 
@@ -47,6 +50,7 @@ class Settings:
     templates: dict[str, Template] = field(default_factory=dict)
     backend: str = "local"
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    preview_domain: str = ""  # "{port}-{sandbox id}.{preview_domain}" reaches exposed ports
 
     @property
     def cells_dir(self) -> Path:
@@ -76,9 +80,12 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         templates=parse_templates(raw),
         backend=str(server.get("backend", "local")),
         kubernetes=parse_kubernetes(raw),
+        preview_domain=str(server.get("preview_domain", "")).lower().strip("."),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
+    if settings.preview_domain and not _DOMAIN.fullmatch(settings.preview_domain):
+        raise ConfigError("[server] preview_domain must be a DNS name, e.g. preview.example.com")
     if settings.backend not in BACKENDS:
         raise ConfigError(f"[server] backend must be one of {list(BACKENDS)}")
     return settings

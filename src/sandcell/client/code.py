@@ -229,12 +229,19 @@ class _Events:
             payload = self.execution.error = ExecutionError.from_dict(event)
         elif kind == "end":
             self.execution._finish(event)
+            logs = self.execution.logs  # lines, as in a buffered reply, whatever the chunks
+            logs.stdout, logs.stderr = _lines(logs.stdout), _lines(logs.stderr)
             self.ended = True
             return
         else:
             return  # newer servers may add event types
         if (callback := self.callbacks.get(kind)) is not None:
             yield callback, payload
+
+
+def _lines(chunks: list[str]) -> list[str]:
+    *whole, rest = "".join(chunks).split("\n")
+    return [line + "\n" for line in whole] + ([rest] if rest else [])
 
 
 def _context_path(sandbox_id: str, context: Context | str, rest: str = "") -> str:

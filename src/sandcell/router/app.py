@@ -21,7 +21,7 @@ from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import schemas
+from sandcell.router import network, schemas
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
@@ -79,7 +79,9 @@ async def create_sandbox(request: Request) -> Response:
     r = _router(request)
     principal = await r.principal(request)
     req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
-    if await r.store.count_sandboxes(principal.name) >= r.limits.max_sandboxes_per_key:
+    # Counting and holding a slot in one store step: concurrent creates cannot all pass.
+    reservation = await r.store.reserve_sandbox(principal.name, r.limits.max_sandboxes_per_key)
+    if reservation is None:
         raise SandcellError(
             ErrorCode.RATE_LIMITED,
             f"this key already has {r.limits.max_sandboxes_per_key} sandboxes",
@@ -92,6 +94,8 @@ async def create_sandbox(request: Request) -> Response:
         max_lifetime_s=req.max_lifetime_s,
         env=req.env,
         metadata=req.metadata,
+        network=req.network.policy() if req.network else None,
+        reservation=reservation,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 
@@ -123,14 +127,12 @@ async def keepalive(request: Request) -> Response:
 
 
 async def delete_sandbox(request: Request) -> Response:
-    """204 whether or not the sandbox is (still) there: DELETE is idempotent, and a
-    different answer for another principal's sandbox would reveal that it exists."""
+    """204 when the caller's sandbox is deleted (or a deletion racing this one wins); 404
+    when the caller has none by that id, another principal's included (not revealed)."""
     r = _router(request)
-    principal = await r.principal(request)
-    record = await r.store.get_sandbox(request.path_params["sandbox_id"])
-    if record is not None and principal.owns(record.owner):
-        r.proxy.forget(record)
-        await r.manager.delete_sandbox(record.id)
+    _, record = await r.owned(request)
+    r.proxy.forget(record)
+    await r.manager.delete_sandbox(record.id)
     return Response(status_code=204)
 
 
@@ -189,7 +191,7 @@ OPERATIONS = (
         body=schemas.CreateSandbox,
         response=schemas.Sandbox,
         status=201,
-        errors=(413, 429, 503),
+        errors=(403, 413, 429, 503),
     ),
     Operation(
         "GET", "/v1/sandboxes", list_sandboxes, "List your sandboxes", response=schemas.SandboxList
@@ -206,7 +208,8 @@ OPERATIONS = (
         response=schemas.Sandbox,
         errors=(404,),
     ),
-    Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204),
+    Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204, errors=(404,)),
+    *network.OPERATIONS,
     *(
         Operation(
             m,
@@ -244,7 +247,8 @@ STORE_OUTAGES = (
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> Response:
-    log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+    # Debug only: sandcell.store.health tells the operator once when the store goes and comes.
+    log.debug("store unavailable on %s %s: %s", request.method, request.url.path, exc)
     error = SandcellError(
         ErrorCode.OVERLOADED,
         "the store is unavailable; retry shortly",
@@ -264,7 +268,11 @@ def create_app(router: Router) -> Starlette:
             await router.proxy.close()
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
     app.state.router = router
     app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
     app.add_middleware(RequestContext, router=router)

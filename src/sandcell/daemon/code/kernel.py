@@ -101,6 +101,7 @@ class Kernel:
                 pass_fds=(command_r, event_w),
                 cwd=cwd,
                 env={**language.env_defaults(), **env},
+                start_new_session=True,  # its own group: interrupted and killed as a tree
             )
         except OSError:
             for fd in (*child_ends, command_w, event_r, out_r, err_r):
