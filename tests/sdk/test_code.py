@@ -13,8 +13,8 @@ import pytest
 
 from sandcell.client import ClientConfig, Context, Execution, NotFoundError, Result, Sandbox
 from sandcell.client.errors import BadRequestError
-from sdk.helpers import Flavour, daemon_pid
-from support.server import RunningServer, sandcell_bin
+from sdk.helpers import Flavour, daemon_pid, stop_and_clean
+from support.server import SMALL_TEMPLATE, RunningServer, sandcell_bin, start_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
@@ -269,3 +269,21 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def test_the_template_chooses_the_interpreter(tmp_path: Path):
+    """`code_python` per template: one without IPython says so; bash contexts still work."""
+    config = SMALL_TEMPLATE.format(warm_pool=0) + (
+        '\n[templates.plain]\nmemory_mb = 256\nwarm_pool = 0\ncode_python = "/usr/bin/python3"\n'
+    )
+    server = start_server(tmp_path / "data", config_text=config)
+    try:
+        cfg = ClientConfig(url=server.url, api_key=server.create_key("k"))
+        with Sandbox.create("plain", config=cfg) as sbx:
+            with pytest.raises(BadRequestError, match="IPython"):
+                sbx.run_code("1 + 1")
+            assert sbx.run_code("echo ok", language="bash").logs.stdout == ["ok\n"]
+        with Sandbox.create(config=cfg) as sbx:
+            assert sbx.run_code("1 + 1").text == "2"
+    finally:
+        stop_and_clean(server)
