@@ -15,8 +15,9 @@ import uvicorn
 
 from sandcell import tokens
 from sandcell.banner import print_banner, store_label
+from sandcell.http.guard import guarded_protocol
 from sandcell.logs import configure as configure_logging
-from sandcell.logs import counted
+from sandcell.logs import counted, quiet_repeats
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.network.egress import EgressService, policy_from_store
@@ -160,7 +161,13 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
         )
-        limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
+        limits = Limits(
+            settings.max_inflight,
+            settings.max_sandboxes_per_key,
+            settings.max_inflight_per_key,
+            settings.body_budget_bytes,
+            settings.body_budget_per_key_bytes,
+        )
         router = Router(store, manager, limits)
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
@@ -172,7 +179,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             host=settings.host,
             port=settings.port,
             loop="none",  # the caller runs uvloop already (uvicorn sets a loop up only in run())
-            http="httptools",
+            http=guarded_protocol(settings.connections),
             access_log=False,  # sandcell.access logs requests, with their ids
             log_config=None,  # logs.configure routes uvicorn's records too
             log_level="warning",
@@ -182,6 +189,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=GRACE_S,
         )
+        quiet_repeats()  # after uvicorn.Config has set up its loggers
         loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
         server = Server(config, lambda: print_banner(settings, options.config, loop_name))
         async with _watching(server, store):

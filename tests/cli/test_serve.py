@@ -84,7 +84,7 @@ def test_banner_graceful_stop_and_adoption(tmp_path: Path, servers: list[Running
         c.put(f"/v1/sandboxes/{sandbox['id']}/files", params={"path": "kept"}, content=b"yes")
         c.get("/v1/forged%0A2026-12-01 00:00:00 INFO  all fine%1B[2J")
     access = wait_for(first, "GET /v1/forged")
-    assert "GET /v1/forged\\x0a2026-12-01 00:00:00 INFO  all fine\\x1b[2J 404" in access
+    assert "GET /v1/forged\\n2026-12-01 00:00:00 INFO  all fine\\x1b[2J 404" in access
     assert "\x1b" not in access and "\nINFO  all fine" not in access
 
     assert sigterm(first) == 0

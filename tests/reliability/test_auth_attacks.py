@@ -358,7 +358,9 @@ def test_api_key_guessing_is_rate_limited(server, key, figures):
     assert statuses[:10] == [401] * 10 and set(statuses[10:]) == {429}, statuses
     assert assert_error_shape(limited)["code"] == "RATE_LIMITED" and retry_after >= 1
     with _client(server, "127.0.3.1", f"Bearer {key}") as same_address:
-        assert same_address.get("/v1/sandboxes").status_code == 429  # blocked is blocked
+        # Failures only are slowed: a valid key behind the same address is always served
+        # (256-bit keys, not the brake, are what defeats guessing).
+        assert same_address.get("/v1/sandboxes").status_code == 200
     with _client(server, "127.0.3.2", f"Bearer {key}") as elsewhere:
         assert elsewhere.get("/v1/sandboxes").status_code == 200
     time.sleep(retry_after + 0.1)

@@ -13,6 +13,7 @@ from typing import Any
 
 from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
+from sandcell.cellapi.health import ProbeInconclusive
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.logs import counted
@@ -254,7 +255,13 @@ class Manager:
             if record.id in skip or record.state != "running":
                 continue  # a deletion under way owns it
             seen.add(record.id)
-            if await self.backend.healthy(record.endpoint):
+            try:
+                healthy = await self.backend.healthy(record.endpoint)
+            except ProbeInconclusive as exc:
+                # Out of descriptors here says nothing of the cells: judge them next pass.
+                log.warning("health probes skipped: %s", exc.message)
+                return dead
+            if healthy:
                 self._unhealthy.pop(record.id, None)
                 continue
             self._unhealthy[record.id] = self._unhealthy.get(record.id, 0) + 1

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sandcell import tokens
+from sandcell.cellapi.health import ProbeInconclusive
 from sandcell.manager.backend import Backend, CellHandle
 
 log = logging.getLogger("sandcell.manager.pool")
@@ -45,7 +46,12 @@ class WarmPool:
         try:
             while self._ready:
                 cell = self._ready.pop(0)
-                if await self._backend.healthy(cell.handle.endpoint):
+                try:
+                    healthy = await self._backend.healthy(cell.handle.endpoint)
+                except ProbeInconclusive:
+                    self._ready.insert(0, cell)  # unknown is not dead: keep it for later
+                    raise
+                if healthy:
                     return cell
                 await self._backend.destroy(cell.handle.cell)
             return None

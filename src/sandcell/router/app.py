@@ -14,21 +14,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from sandcell import __version__
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import parse_model, read_body
+from sandcell.http.bodies import BODY_BUDGET, parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
+from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
 from sandcell.router import network, schemas
 from sandcell.router.auth import Authenticator, Principal
+from sandcell.router.budget import ByteBudget
+from sandcell.router.fairshare import FairShare
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
 from sandcell.store import SandboxRecord, Store
 
-MAX_API_BODY = 1_048_576
+MIB = 1_048_576
+MAX_API_BODY = MIB
 log = logging.getLogger("sandcell.router")
 
 
@@ -36,6 +41,12 @@ log = logging.getLogger("sandcell.router")
 class Limits:
     max_inflight: int = 512
     max_sandboxes_per_key: int = 100
+    max_inflight_per_key: int = 0  # 0: a quarter of max_inflight
+    body_budget_bytes: int = 128 * MIB
+    body_budget_per_key_bytes: int = 32 * MIB
+
+    def inflight_share(self) -> int:
+        return self.max_inflight_per_key or max(1, self.max_inflight // 4)
 
 
 class Router:
@@ -52,10 +63,25 @@ class Router:
         self.auth = Authenticator(store)
         self.proxy = proxy or DaemonProxy(store)
         self.metrics = RouterMetrics()
+        self.fair_share = FairShare(self.limits.inflight_share())
+        self.bodies = ByteBudget(
+            self.limits.body_budget_bytes, self.limits.body_budget_per_key_bytes
+        )
 
     async def principal(self, request: Request) -> Principal:
+        """The caller, who from now on holds one of its key's in-flight slots and reads its
+        body out of its key's byte budget (both given back by `release`)."""
         client = request.client.host if request.client else "unknown"
-        return await self.auth.authenticate(request.headers.get("authorization"), client)
+        principal = await self.auth.authenticate(request.headers.get("authorization"), client)
+        self.fair_share.admit(request.scope, principal.name)
+        request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
+        return principal
+
+    def release(self, scope: Scope) -> None:
+        """At the end of a request, whatever `principal` made it hold."""
+        self.fair_share.release(scope)
+        if (lease := scope.get(BODY_BUDGET)) is not None:
+            lease.release()
 
     async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
         """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
@@ -248,7 +274,7 @@ STORE_OUTAGES = (
 
 async def _store_unavailable(request: Request, exc: Exception) -> Response:
     # Debug only: sandcell.store.health tells the operator once when the store goes and comes.
-    log.debug("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+    log.debug("store unavailable on %s %s: %s", request.method, printable(request.url.path), exc)
     error = SandcellError(
         ErrorCode.OVERLOADED,
         "the store is unavailable; retry shortly",
