@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import egress, figures, processes
+from bench import code, egress, figures, processes
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -29,6 +29,7 @@ def run(quick: bool) -> list[figures.Row]:
             rows += processes.background_first_byte(warm, claims * 5)
             rows += processes.keystroke_round_trips(warm, n)
             rows += figures.many_sandboxes(warm, many)
+            rows += code.code_interpreter(warm, n, starts)
         finally:
             warm.close()
         cold = figures.Server(Path(tmp), warm_pool=0)

@@ -164,9 +164,10 @@ def _judge(case: schemathesis.Case, response: httpx.Response, validate: bool) ->
 
 
 def _bounded_exec(case: schemathesis.Case) -> None:
-    """Keeps every command's time bounded: a valid timeout_s above 5 s becomes 5 s."""
+    """Keeps every command's (and code run's) time bounded: a valid timeout_s above 5 s
+    becomes 5 s."""
     body = case.body
-    if isinstance(body, dict) and case.path.endswith("exec"):
+    if isinstance(body, dict) and case.path.endswith(("exec", "code/run")):
         t = body.get("timeout_s")
         if isinstance(t, int | float) and not isinstance(t, bool) and t > 5:
             body["timeout_s"] = 5

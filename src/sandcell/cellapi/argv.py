@@ -14,6 +14,7 @@ def daemon_args(
     inherit_env: Sequence[str],
     landlock: bool = False,
     deny_tcp: bool = False,
+    code_python: str | None = None,
 ) -> list[str]:
     """Arguments after the entry point (`python -m sandcell.daemon` or `sandcell daemon`).
 
@@ -33,4 +34,6 @@ def daemon_args(
     ]
     if landlock:
         args += ["--landlock", *(["--deny-tcp"] if deny_tcp else [])]
+    if code_python is not None:  # an image's own python3 (with IPython) for code contexts
+        args.append(f"--code-python={code_python}")
     return args

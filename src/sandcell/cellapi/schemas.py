@@ -89,3 +89,73 @@ class MoveRequest(_Strict):
     source: str = Field(alias="from")
     to: str
     overwrite: bool = False
+
+
+# -- code contexts (SPEC §10) ----------------------------------------------------------------
+
+DEFAULT_CODE_TIMEOUT_S = 300
+MAX_CODE_BYTES = 4 * 1_048_576
+# A run's reply is encoded whole (its results too): a lower cap than exec's streamed one.
+MAX_CODE_OUTPUT = 8 * 1_048_576
+
+
+class CodeRunRequest(_Strict):
+    code: str = Field(max_length=MAX_CODE_BYTES)
+    language: str | None = Field(
+        None, description="python (default) or bash; with context_id, that context's language"
+    )
+    context_id: str | None = Field(None, max_length=128)
+    timeout_s: float = Field(DEFAULT_CODE_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
+    env: dict[str, str] | None = None
+    max_output_bytes: int = Field(
+        DEFAULT_MAX_OUTPUT, ge=0, le=MAX_CODE_OUTPUT, description="per stream, as exec's"
+    )
+
+    @field_validator("code")
+    @classmethod
+    def _code_has_no_nul(cls, code: str) -> str:
+        if "\0" in code:
+            raise ValueError("code must not contain NUL bytes")
+        return code
+
+
+class CodeError(BaseModel):
+    name: str
+    value: str
+    traceback: str
+
+
+class CodeResult(BaseModel):
+    """A MIME bundle: the keys present are those the object provided."""
+
+    model_config = ConfigDict(extra="allow")
+
+    is_main_result: bool
+
+
+class CodeRunResult(BaseModel):
+    stdout: list[str]
+    stderr: list[str]
+    results: list[CodeResult]
+    error: CodeError | None
+    execution_count: int | None
+    duration_s: float
+    timed_out: bool
+    stdout_truncated: bool
+    stderr_truncated: bool
+    results_truncated: bool
+
+
+class CodeContextRequest(_Strict):
+    language: str = "python"
+    cwd: str = Field(".", description="Relative to the workspace.")
+
+
+class CodeContext(BaseModel):
+    id: str
+    language: str
+    cwd: str
+
+
+class CodeContextList(BaseModel):
+    contexts: list[CodeContext]

@@ -196,6 +196,10 @@ from sandcell.cli.processes import register as _register_process_commands  # noq
 
 _register_process_commands(app)
 
+from sandcell.cli.code import register as _register_code_command  # noqa: E402
+
+_register_code_command(app)
+
 
 def main() -> None:
     app()

@@ -10,6 +10,7 @@ with Sandbox.create(template="default") as sbx:      # SANDCELL_URL, SANDCELL_AP
 """
 
 from sandcell.client.async_sandbox import AsyncSandbox
+from sandcell.client.code import Context, Execution, ExecutionError, Logs, OutputMessage, Result
 from sandcell.client.commands import AsyncCommands, Commands
 from sandcell.client.config import DEFAULT_URL, ClientConfig, RetryPolicy
 from sandcell.client.errors import (
@@ -69,23 +70,29 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "ConnectionFailedError",
+    "Context",
     "EntryInfo",
+    "Execution",
+    "ExecutionError",
     "FileNotFoundInSandboxError",
     "Files",
     "ForbiddenError",
     "InternalError",
     "InvalidResponseError",
     "IsolationUnavailableError",
+    "Logs",
     "MethodNotAllowedError",
     "NotFoundError",
     "NotInitializedError",
     "NotSupportedError",
+    "OutputMessage",
     "OverloadedError",
     "PayloadTooLargeError",
     "ProcessInfo",
     "Pty",
     "PtyHandle",
     "RateLimitedError",
+    "Result",
     "RetryPolicy",
     "Sandbox",
     "SandboxInfo",

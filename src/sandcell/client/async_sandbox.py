@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from sandcell.client.binding import AsyncBound
+from sandcell.client.code import CodeInterpreter
 from sandcell.client.commands import AsyncCommands
 from sandcell.client.errors import SandcellError
 from sandcell.client.files import AsyncFiles
@@ -12,7 +13,7 @@ from sandcell.client.lifecycle import SandboxBase
 from sandcell.client.pty import AsyncPty
 
 
-class AsyncSandbox(AsyncBound, SandboxBase):
+class AsyncSandbox(AsyncBound, CodeInterpreter, SandboxBase):
     """A sandbox on a sandcell server, used with `await`.
 
     ```python

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from sandcell.client.binding import SyncBound
+from sandcell.client.code import CodeInterpreter
 from sandcell.client.commands import Commands
 from sandcell.client.errors import SandcellError
 from sandcell.client.files import Files
@@ -12,7 +13,7 @@ from sandcell.client.lifecycle import SandboxBase
 from sandcell.client.pty import Pty
 
 
-class Sandbox(SyncBound, SandboxBase):
+class Sandbox(SyncBound, CodeInterpreter, SandboxBase):
     """A sandbox on a sandcell server, used with blocking calls.
 
     ```python

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,12 +19,15 @@ from sandcell.cellapi import schemas
 from sandcell.cellapi.environment import build_env, validate_env
 from sandcell.daemon import process_api
 from sandcell.daemon.auth import Guard
+from sandcell.daemon.code.contexts import Contexts
+from sandcell.daemon.code.routes import CODE_OPERATIONS
 from sandcell.daemon.config import DaemonConfig
 from sandcell.daemon.files import Files
 from sandcell.daemon.proctable import ProcessTable
 from sandcell.daemon.runner import CommandSpec, OutputQueue, Runner
 from sandcell.daemon.workspace import Workspace
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http import ndjson
 from sandcell.http.bodies import (
     ModelT,
     declared_length,
@@ -55,6 +56,7 @@ class Daemon:
         self.files = Files(self.workspace, config.disk_quota_bytes)
         self.runner = Runner()
         self.processes = ProcessTable(self.runner)
+        self.contexts = Contexts(config.code_python, lambda: self.command_env(None), self.runner)
         self.started = time.monotonic()
         # A snapshot: commands read the allow-listed names from it, never os.environ itself.
         self._environ = dict(environ)
@@ -73,21 +75,21 @@ class Daemon:
         self.authorize(request, body, body_required=True)
         return parse_model(model, body)
 
-    def command_place(self, req: schemas.ExecRequest) -> tuple[str, dict[str, str]]:
-        """A command's working directory (checked beneath the workspace) and environment."""
-        if req.env:
-            validate_env(req.env)
-        rel = self.workspace.relative(req.cwd or ".")
-        with self.workspace.fd(rel, os.O_PATH | os.O_DIRECTORY):
-            pass  # proves the directory exists beneath the workspace
-        env = build_env(
+    def command_env(self, request: dict[str, str] | None) -> dict[str, str]:
+        """The environment of a process of the user: the allow-list, never os.environ."""
+        return build_env(
             workspace=self.workspace.root,
             inherit=self.config.inherit_env,
             source=self._environ,
             defaults=self.guard.default_env,
-            request=req.env,
+            request=request,
         )
-        return os.path.join(self.workspace.root, rel), env
+
+    def command_place(self, req: schemas.ExecRequest) -> tuple[str, dict[str, str]]:
+        """A command's working directory (checked beneath the workspace) and environment."""
+        if req.env:
+            validate_env(req.env)
+        return self.workspace.directory(req.cwd or "."), self.command_env(req.env)
 
     def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
         cwd, env = self.command_place(req)
@@ -142,7 +144,7 @@ async def exec_command(request: Request) -> Response:
     d = _daemon(request)
     spec = d.command_spec(await d.json_body(request, schemas.ExecRequest))
     if NDJSON in request.headers.get("accept", ""):
-        return StreamingResponse(_stream(d.runner, spec), media_type=NDJSON)
+        return StreamingResponse(_exec_events(d.runner, spec), media_type=NDJSON)
     result = await d.runner.run(spec)
     if result.stdout.size + result.stderr.size <= BUFFERED_RESULT_BYTES:
         # The common small result: one body, one write (streaming costs ~1 ms a call).
@@ -150,22 +152,19 @@ async def exec_command(request: Request) -> Response:
     return StreamingResponse(_in_loop(result.iter_json()), media_type="application/json")
 
 
-async def _stream(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
-    """NDJSON: output lines as they arrive, then one exit line."""
+def _exec_events(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
+    """NDJSON: output lines as they arrive, then one exit line. The queue is bounded: a
+    reader that falls behind holds the command back instead of growing the daemon."""
     queue = OutputQueue()
-    task = asyncio.ensure_future(runner.run(spec, queue))
-    try:
-        while not (task.done() and not queue):
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                stream, text = getter.result()
-                yield _line({"type": stream, "data": text})
-            else:
-                getter.cancel()
-        yield _line({"type": "exit", **task.result().summary()})
-    finally:
-        task.cancel()  # the client went away: the command's whole tree is killed
+
+    async def run() -> ndjson.Event:
+        return {"type": "exit", **(await runner.run(spec, queue)).summary()}
+
+    async def next_event() -> ndjson.Event:
+        stream, text = await queue.get()
+        return {"type": stream, "data": text}
+
+    return ndjson.relay(asyncio.ensure_future(run()), next_event, lambda: bool(queue))
 
 
 async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
@@ -173,10 +172,6 @@ async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
     at pids_max) could then not even answer. Encoding JSON is CPU work: stay in the loop."""
     for piece in pieces:
         yield piece
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 async def write_file(request: Request) -> Response:
@@ -376,6 +371,7 @@ OPERATIONS = (
     ),
     *process_api.OPERATIONS,
     Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
+    *CODE_OPERATIONS,
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class DaemonConfig:
     disk_quota_bytes: int
     landlock: bool
     deny_tcp: bool
+    code_python: str = sys.executable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
         "--deny-tcp",
         action="store_true",
         help="with --landlock: deny TCP bind/connect (Landlock ABI >= 4)",
+    )
+    p.add_argument(
+        "--code-python",
+        help="the interpreter of python code contexts (needs IPython); default: this one",
     )
     return p
 
@@ -101,4 +107,5 @@ def load(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> DaemonConf
         disk_quota_bytes=args.disk_quota_mb * 1024 * 1024,
         landlock=args.landlock,
         deny_tcp=args.deny_tcp,
+        code_python=args.code_python or sys.executable,
     )

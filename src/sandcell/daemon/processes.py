@@ -64,14 +64,22 @@ def snapshot() -> dict[int, ProcInfo]:
 
 
 def _members(
-    root: int, start_ticks: int, table: dict[int, ProcInfo], other_roots: set[int]
+    root: int,
+    start_ticks: int,
+    table: dict[int, ProcInfo],
+    other_roots: set[int],
+    adopted: bool = True,
 ) -> set[int]:
     me = os.getpid()
     found = {p for p, i in table.items() if i.state != "Z" and root in (i.pgid, i.sid)}
     found |= {
         p
         for p, i in table.items()
-        if i.ppid == me and p not in other_roots and i.start_ticks >= start_ticks and i.state != "Z"
+        if adopted
+        and i.ppid == me
+        and p not in other_roots
+        and i.start_ticks >= start_ticks
+        and i.state != "Z"
     }
     if root in table:
         found.add(root)
@@ -88,14 +96,19 @@ def _members(
     return found
 
 
-def kill_command_tree(root: int, other_roots: set[int]) -> None:
-    """SIGKILLs the command `root` and everything that descends from it."""
+def kill_command_tree(root: int, other_roots: set[int], adopted: bool = True) -> None:
+    """SIGKILLs the command `root` and everything that descends from it.
+
+    `adopted`: also the orphans the daemon adopted since `root` started: right for a
+    command, during whose short life they are its own escapees; wrong for a long-lived code
+    context, during whose life other commands leave background processes that must live on.
+    """
     info = read_proc(root)
     start_ticks = info.start_ticks if info else 0
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(root, signal.SIGKILL)
     for _ in range(_KILL_ROUNDS):
-        targets = _members(root, start_ticks, snapshot(), other_roots)
+        targets = _members(root, start_ticks, snapshot(), other_roots, adopted)
         if not targets:
             return
         for pid in targets:

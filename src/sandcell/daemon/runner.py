@@ -213,7 +213,9 @@ class Runner:
         return set(self._running)
 
     def track(self, pid: int) -> None:
-        """A process started elsewhere (the process table) that is not an orphan."""
+        """A long-lived process started elsewhere (the process table, a code context) counts
+        as a root: the orphan reaper leaves it to its owner, kill walks never take it for an
+        orphan."""
         self._running.add(pid)
 
     def untrack(self, pid: int) -> None:

@@ -110,6 +110,7 @@ def serve(config: DaemonConfig) -> None:
             await server.serve(sockets=[sock])
         finally:
             reaper.cancel()
+            app.state.daemon.contexts.close_all()
 
     import uvloop
 

@@ -105,6 +105,14 @@ class Workspace:
             raise _forbidden(path, "path leads outside the workspace")
         return rel
 
+    def directory(self, path: str) -> str:
+        """The absolute path of an existing directory beneath the workspace (a working
+        directory for a process: 403 outside, 404 missing)."""
+        rel = self.relative(path)
+        with self.fd(rel, os.O_PATH | os.O_DIRECTORY):
+            pass  # proves the directory exists beneath the workspace
+        return posixpath.join(self.root, rel) if rel != "." else self.root
+
     def open(self, rel: str, flags: int, mode: int = 0o644) -> int:
         try:
             return openat2_beneath(self.root_fd, rel, flags, mode)

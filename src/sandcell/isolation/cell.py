@@ -352,6 +352,7 @@ def _daemon_command(policy: CellPolicy, listen_fd: int, use_landlock: bool) -> l
         inherit_env=policy.inherit_env,
         landlock=use_landlock,
         deny_tcp=policy.network == "none",
+        code_python=policy.code_python,
     )
     return [cell_python(), "-s", "-B", "-m", "sandcell.daemon", *args]
 

@@ -29,6 +29,7 @@ class CellPolicy:
     nofile: int = 1024
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: frozenset[str] = field(default_factory=frozenset)
+    code_python: str | None = None  # python code contexts' interpreter (default: the daemon's)
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "loopback"):

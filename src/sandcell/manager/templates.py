@@ -47,6 +47,9 @@ class Template(BaseModel):
     warm_pool: int = Field(2, ge=0, le=1000)
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: tuple[str, ...] = ()
+    # The interpreter of python code contexts (SPEC §10), a path inside the sandbox that has
+    # IPython; unset: the python the daemon runs on (sandcell's, with its `interpreter` extra).
+    code_python: str | None = Field(None, pattern=r"^/[^\x00\n]*$")
 
     @field_validator("allow_degraded")
     @classmethod
@@ -99,6 +102,7 @@ class Template(BaseModel):
             network="loopback",
             inherit_env=self.inherit_env,
             allow_degraded=frozenset(self.allow_degraded),
+            code_python=self.code_python,
         )
 
     def public(self) -> dict[str, Any]:

@@ -221,18 +221,23 @@ async def _body(request: Request, rest: str) -> tuple[bytes | None, Any]:
     return body, body
 
 
+# Requests that carry their own timeout_s, and its default.
+TIMED = {"exec": 60.0, "code/run": 300.0}
+
+
 def _read_timeout(rest: str, body: bytes | None) -> float | None:
-    """How long the daemon may take: an exec's own timeout plus a margin, else a default.
-    The body is the client's and unchecked yet: anything odd falls back to the default
-    (the daemon answers it with a 400)."""
+    """How long the daemon may take: an exec's (or a code run's) own timeout plus a margin,
+    else a default. The body is the client's and unchecked yet: anything odd falls back to
+    the default (the daemon answers it with a 400)."""
     if rest.startswith("processes/") and rest.endswith("/output"):
         return None  # following a process's output may stay quiet for as long as it runs
-    if rest != "exec" or not body:
+    if rest not in TIMED or not body:
         return DEFAULT_READ_TIMEOUT_S
+    default = TIMED[rest]
     try:
-        timeout = float(json.loads(body).get("timeout_s", 60))
+        timeout = float(json.loads(body).get("timeout_s", default))
     except (ValueError, AttributeError, TypeError, RecursionError):
-        timeout = 60.0
+        timeout = default
     if not math.isfinite(timeout):
-        timeout = 60.0
+        timeout = default
     return min(max(timeout, 0.0), MAX_EXEC_TIMEOUT_S) + EXEC_TIMEOUT_MARGIN_S

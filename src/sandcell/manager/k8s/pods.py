@@ -64,6 +64,7 @@ def pod_manifest(
                         listen=f"0.0.0.0:{config.daemon_port}",
                         disk_quota_mb=policy.disk_mb,
                         inherit_env=policy.inherit_env,
+                        code_python=policy.code_python,
                     ),
                 ],
                 "env": [

@@ -1,0 +1,120 @@
+"""The code interpreter's routes (SPEC §10), appended to the daemon's operation table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from sandcell.cellapi import schemas
+from sandcell.cellapi.environment import validate_env
+from sandcell.daemon.code.results import RunOutput
+from sandcell.http import ndjson
+from sandcell.http.bodies import read_body
+from sandcell.http.openapi import Operation
+
+if TYPE_CHECKING:
+    from sandcell.daemon.app import Daemon
+
+NDJSON = "application/x-ndjson"
+MAX_EMPTY_BODY = 4096
+
+
+def _daemon(request: Request) -> Daemon:
+    return request.app.state.daemon
+
+
+async def run_code(request: Request) -> Response:
+    d = _daemon(request)
+    req = await d.json_body(request, schemas.CodeRunRequest)
+    env = req.env or {}
+    validate_env(env)
+    language = req.language or ("python" if req.context_id is None else None)
+    context = d.contexts.for_run(language, req.context_id, d.workspace.root)
+    frame = context.frame(req.code, env)
+    await context.prepare()  # a context that cannot start is a 4xx, before any streaming
+
+    async def run(emit: ndjson.Emit | None) -> ndjson.Event:
+        output = RunOutput(emit, req.max_output_bytes)
+        summary = await context.run(frame, req.timeout_s, output)
+        return {"type": "end", **summary} if emit else output.reply(summary)
+
+    if NDJSON in request.headers.get("accept", ""):
+        return StreamingResponse(ndjson.event_stream(run), media_type=NDJSON)
+    return Response(ndjson.line(await run(None)), media_type="application/json")
+
+
+async def create_context(request: Request) -> Response:
+    d = _daemon(request)
+    req = await d.json_body(request, schemas.CodeContextRequest)
+    language = d.contexts.language(req.language)  # an unknown language is a 400 first
+    context = d.contexts.create(language.name, d.workspace.directory(req.cwd))
+    return JSONResponse(context.view(), status_code=201)
+
+
+async def list_contexts(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    return JSONResponse({"contexts": d.contexts.list()})
+
+
+async def restart_context(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, await read_body(request, MAX_EMPTY_BODY), body_required=True)
+    d.contexts.get(request.path_params["context_id"]).restart()
+    return Response(status_code=204)
+
+
+async def delete_context(request: Request) -> Response:
+    d = _daemon(request)
+    d.authorize(request, None, body_required=False)
+    d.contexts.remove(request.path_params["context_id"])
+    return Response(status_code=204)
+
+
+CODE_OPERATIONS = (
+    Operation(
+        "POST",
+        "/v1/code/run",
+        run_code,
+        "Run code in a context (NDJSON with Accept)",
+        body=schemas.CodeRunRequest,
+        response=schemas.CodeRunResult,
+        errors=(403, 404, 413, 429, 503),
+    ),
+    Operation(
+        "POST",
+        "/v1/code/contexts",
+        create_context,
+        "Create a code context (its process starts with its first run)",
+        body=schemas.CodeContextRequest,
+        response=schemas.CodeContext,
+        status=201,
+        errors=(403, 404, 413, 429, 503),
+    ),
+    Operation(
+        "GET",
+        "/v1/code/contexts",
+        list_contexts,
+        "List code contexts",
+        response=schemas.CodeContextList,
+        errors=(503,),
+    ),
+    Operation(
+        "POST",
+        "/v1/code/contexts/{context_id}/restart",
+        restart_context,
+        "Restart a context: fresh state",
+        status=204,
+        errors=(404, 503),
+    ),
+    Operation(
+        "DELETE",
+        "/v1/code/contexts/{context_id}",
+        delete_context,
+        "Delete a context and its process",
+        status=204,
+        errors=(404, 503),
+    ),
+)
