@@ -31,6 +31,7 @@ from sandcell.isolation.cell import (
     LocalCells,
     new_cell_id,
 )
+from sandcell.isolation.images.stage import host_python
 from sandcell.isolation.policy import CellPolicy
 
 CELL_UIDS = range(DEFAULT_UID_BASE, DEFAULT_UID_BASE + DEFAULT_UID_COUNT)
@@ -60,6 +61,7 @@ class Cell:
     policy: CellPolicy
     sandbox_id: str
     owner: CellFactory = field(repr=False)
+    python: tuple[str, ...] = ("/usr/bin/python3",)  # an image cell's is the staged runtime
 
     def run(self, command: str | list[str], timeout_s: float = 20, **fields: Any) -> dict:
         return self.client.exec(command, timeout_s=timeout_s, **fields)
@@ -69,7 +71,7 @@ class Cell:
 
     def py(self, code: str, *args: str, timeout_s: float = 20, **fields: Any) -> dict:
         return self.run(
-            ["/usr/bin/python3", "-c", textwrap.dedent(code), *args], timeout_s=timeout_s, **fields
+            [*self.python, "-c", textwrap.dedent(code), *args], timeout_s=timeout_s, **fields
         )
 
     def py_json(self, code: str, *args: str, timeout_s: float = 20, **fields: Any) -> Any:
@@ -116,7 +118,8 @@ class CellFactory:
         cell_id, sandbox_id = new_cell_id(), f"sbx-{secrets.token_hex(4)}"
         info = self.cells.create(cell_id, policy, sandbox_id, tokens.public_pem(bootstrap))
         client = DaemonClient({"uds": info.uds}, sandbox_id, session, timeout_s=60)
-        cell = Cell(info, client, policy, sandbox_id, self)
+        python = tuple(host_python()) if policy.image_root else Cell.python
+        cell = Cell(info, client, policy, sandbox_id, self, python)
         self.live[cell_id] = cell
         self.uids.add(info.uid)
         if init:

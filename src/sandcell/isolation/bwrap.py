@@ -58,10 +58,21 @@ def _etc_binds(existing: Iterable[str]) -> list[str]:
     return args
 
 
+def host_system(links: dict[str, str]) -> list[str]:
+    """The host's system dirs as the cell's read-only root; `links` maps /bin-style paths to
+    their targets. (An image template's root comes from `images.stage.root_args`.)"""
+    args: list[str] = []
+    for path in SYSTEM_DIRS:
+        args += ["--ro-bind", path, path]
+    for path, target in links.items():
+        args += ["--symlink", target, path]
+    return args + _etc_binds(ETC_ENTRIES)
+
+
 def build_argv(
     *,
     binds: Iterable[Bind],
-    links: dict[str, str],
+    system: list[str],
     etc_files: dict[str, str],
     env: dict[str, str],
     seccomp_fd: int | None,
@@ -69,9 +80,9 @@ def build_argv(
     command: list[str],
     chdir: str,
 ) -> list[str]:
-    """`links` maps /bin-style paths to their targets; `etc_files` maps generated files
-    (passwd, group, hosts) to their host paths; `env` is the daemon's complete environment;
-    `scratch` is the size in bytes of /tmp and /dev/shm."""
+    """`system` builds the read-only root (`host_system` or an image's); `etc_files` maps
+    generated files (passwd, group, hosts) to their host paths; `env` is the daemon's
+    complete environment; `scratch` is the size in bytes of /tmp and /dev/shm."""
     argv = [
         "bwrap",
         "--unshare-user",
@@ -95,11 +106,7 @@ def build_argv(
     ]
     for name, value in env.items():
         argv += ["--setenv", name, value]
-    for path in SYSTEM_DIRS:
-        argv += ["--ro-bind", path, path]
-    for path, target in links.items():
-        argv += ["--symlink", target, path]
-    argv += _etc_binds(ETC_ENTRIES)
+    argv += system
     for dest, source in etc_files.items():
         argv += ["--ro-bind", source, dest]
     tmp_bytes, shm_bytes = scratch

@@ -40,7 +40,9 @@ from sandcell.isolation.bwrap import (
     SYSTEM_LINKS,
     Bind,
     build_argv,
+    host_system,
 )
+from sandcell.isolation.images import stage
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
@@ -244,9 +246,9 @@ class LocalCells:
         use_landlock = policy.require(
             "landlock", landlock.abi_version() > 0, "the kernel has no Landlock"
         )
-        stage_binds, cell_binds, etc_dir = self._binds(cell_dir)
+        root = _Root.of(cell_dir, policy)
+        stage_binds, cell_binds, etc_dir, image_root = self._binds(cell_dir, root)
         etc = {f"/etc/{name}": f"{etc_dir}/{name}" for name in ETC_FILES}
-        links = {p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)}
         seccomp_fd = _memfd("sandcell-seccomp", seccomp.build_filter()) if use_seccomp else None
         args = daemon_args(
             uds=CELL_SOCKET,
@@ -255,8 +257,9 @@ class LocalCells:
             landlock=use_landlock,
             deny_tcp=policy.network == "none",
         )
-        daemon = [cell_python(), "-s", "-B", "-m", "sandcell.daemon", *args]
+        daemon = [*root.python, "-s", "-B", "-m", "sandcell.daemon", *args]
         env = {
+            **dict(policy.image_env),
             "PATH": FIXED_PATH,
             "HOME": CELL_WORKSPACE,
             "LANG": "C.UTF-8",
@@ -266,13 +269,13 @@ class LocalCells:
         }
         argv = build_argv(
             binds=cell_binds,
-            links=links,
+            system=root.system(image_root),
             etc_files=etc,
             env=env,
             seccomp_fd=seccomp_fd,
             scratch=scratch_sizes(policy),
             command=daemon,
-            chdir=CELL_SRC,
+            chdir=root.chdir,
         )
         script = self._launch_script(info, policy, cgroup, stage_binds, argv)
         log = open(cell_dir / "cell.log", "ab")  # noqa: SIM115 - handed to the child
@@ -292,23 +295,25 @@ class LocalCells:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
 
-    def _binds(self, cell_dir: Path) -> tuple[list[Bind], list[Bind], str]:
-        """Root's binds onto the stage, bwrap's binds into the cell, and where bwrap finds
-        the cell's generated /etc files."""
+    def _binds(self, cell_dir: Path, root: _Root) -> tuple[list[Bind], list[Bind], str, str]:
+        """Root's binds onto the stage, bwrap's binds into the cell, where bwrap finds the
+        cell's generated /etc files, and where it finds the image's root (if any)."""
         wanted = [
             Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True),
             Bind(str(cell_dir / "run"), CELL_RUN_DIR, writable=True),
-            *(Bind(m.host, m.cell) for m in runtime_mounts()),
+            *root.binds,
         ]
         if not self.privileged:
-            return [], wanted, str(cell_dir / "etc")
+            return [], wanted, str(cell_dir / "etc"), root.image_root
         stage = [Bind(str(cell_dir / "etc"), f"{STAGE}/etc")]
+        if root.image_root:
+            stage.append(Bind(root.image_root, f"{STAGE}/image"))
         cell = []
         for index, bind in enumerate(wanted):
             staged = f"{STAGE}/{index}"
             stage.append(Bind(bind.source, staged, bind.writable))
             cell.append(Bind(staged, bind.dest, bind.writable))
-        return stage, cell, f"{STAGE}/etc"
+        return stage, cell, f"{STAGE}/etc", root.image_root and f"{STAGE}/image"
 
     def _launch_script(
         self,
@@ -367,6 +372,34 @@ class LocalCells:
             return CellInfo(**json.loads((cell_dir / "meta.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+
+@dataclass(frozen=True)
+class _Root:
+    """What the cell's / is made of: the host's system dirs, or a built image with the
+    daemon's runtime staged beside it (SPEC §12). The one place the two kinds differ."""
+
+    binds: list[Bind]
+    python: list[str]
+    chdir: str
+    image_root: str = ""
+
+    @classmethod
+    def of(cls, cell_dir: Path, policy: CellPolicy) -> _Root:
+        if policy.image_root is None:
+            binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
+            return cls(binds, [cell_python()], CELL_SRC)
+        try:
+            staged = stage.stage_runtime(cell_dir)
+        except stage.StageError as exc:
+            raise CellError(str(exc)) from None
+        return cls(staged.binds, staged.python, staged.chdir, policy.image_root)
+
+    def system(self, image_root: str) -> list[str]:
+        """bwrap's arguments for the read-only system; `image_root` as bwrap reaches it."""
+        if not self.image_root:
+            return host_system({p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)})
+        return stage.root_args(image_root, sorted(os.listdir(self.image_root)))
 
 
 def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:

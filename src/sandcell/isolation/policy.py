@@ -29,6 +29,10 @@ class CellPolicy:
     nofile: int = 1024
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: frozenset[str] = field(default_factory=frozenset)
+    # A built image's root on the host (SPEC §12), and the env its config asks for;
+    # None: the host's system dirs.
+    image_root: str | None = None
+    image_env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "loopback"):

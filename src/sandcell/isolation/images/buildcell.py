@@ -1,0 +1,224 @@
+"""The build cell: where an image's steps run, never as the host's root (SPEC §12).
+
+Like a sandbox cell, a build cell is a process chain with no Python in between:
+
+    sh (join the build's cgroup: CPU, memory and pids limited)
+      -> unshare --mount (a private stage of the binds below, as root, gone with the cell)
+      -> setpriv (the unprivileged build uid, no_new_privs)
+      -> bwrap (user namespace in which the build uid is root, pid/ipc/uts/cgroup
+                namespaces, seccomp) -> the step
+
+It differs from a sandbox cell where building needs it to: the network namespace is the
+host's (egress open, for package downloads), the uid inside is 0, and the root being built
+is writable. A step's output is streamed line by line; its failure carries the last lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandcell.cellapi.environment import FIXED_PATH
+from sandcell.isolation import cgroups, seccomp
+from sandcell.isolation.bwrap import SYSTEM_LINKS, Bind, host_system
+from sandcell.isolation.images import stage
+from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
+
+STAGE = "/run/sandcell-build-stage"
+# One uid for every build: outside the cells' range, and every build cell has its own pid
+# namespace and mount view, so two builds cannot see or signal each other.
+BUILD_UID = 199_999
+BUILD_LIMITS = cgroups.Limits(memory_mb=2048, pids_max=2048, cpus=1.0)
+STEP_TIMEOUT_S = 1800.0
+TAIL_LINES = 20
+BUILD_ENV = {"PATH": FIXED_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}  # noqa: S108
+
+
+class StepFailed(Exception):
+    def __init__(self, message: str, tail: list[str]) -> None:
+        super().__init__(message)
+        self.tail = tail
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command in a build cell. `image_root`: the root being built, mounted writable as
+    / with the daemon's runtime staged beside it; None: the host's system dirs, read-only.
+    `userns_base`: instead of bwrap, a user namespace mapping 65536 ids from this host uid
+    (for mmdebstrap, which needs many uids and chroot)."""
+
+    command: list[str]
+    binds: list[Bind] = field(default_factory=list)
+    image_root: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    chdir: str = "/"
+    userns_base: int | None = None
+
+
+class BuildCells:
+    def __init__(self, cgroup_parent: str, scratch: Path) -> None:
+        self.privileged = os.geteuid() == 0
+        self.scratch = scratch
+        self.cgroup_parent = cgroup_parent
+
+    def run(self, step: Step, on_line: Callable[[str], None]) -> None:
+        """Runs the step to completion; raises StepFailed with the log's tail otherwise."""
+        name = f"build-{secrets.token_hex(6)}"
+        cgroup = self._cgroup(name)
+        work = self.scratch / name
+        work.mkdir(mode=0o755)
+        seccomp_fd = _memfd(seccomp.build_filter())
+        try:
+            if step.userns_base is not None:
+                script = _mapped_script(cgroup, step)
+            else:
+                binds, argv = self._bwrap(step, work, seccomp_fd)
+                script = self._script(cgroup, binds, argv)
+            tail = self._stream(script, seccomp_fd, on_line)
+        finally:
+            os.close(seccomp_fd)
+            if cgroup is not None:
+                cgroup.destroy()
+            if step.image_root is not None:
+                _unstage(step.image_root)
+            _remove_tree(work)
+        if tail is not None:
+            raise StepFailed(tail[0], tail[1])
+
+    def _cgroup(self, name: str) -> cgroups.CellCgroup | None:
+        try:
+            return cgroups.detect(self.cgroup_parent).create(name, BUILD_LIMITS)
+        except cgroups.CgroupUnavailable:
+            if self.privileged:
+                raise
+            return None  # an unprivileged development run: no cgroup to join
+
+    def _bwrap(self, step: Step, work: Path, seccomp_fd: int) -> tuple[list[Bind], list[str]]:
+        """The binds to stage and bwrap's argv, with each bind's source as `{0}`, `{1}`..."""
+        if step.image_root is None:
+            system = host_system({p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)})
+            binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
+            python, chdir = [cell_python()], CELL_SRC
+        else:
+            staged = stage.stage_runtime(work)
+            system = ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+            binds = [Bind(str(step.image_root), "/", writable=True), *staged.binds]
+            python, chdir = staged.python, step.chdir
+        command = [*python, *step.command[1:]] if step.command[0] == "python" else step.command
+        argv = ["bwrap", "--unshare-user", "--uid", "0", "--gid", "0"]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
+        argv += ["--hostname", "sandcell-build", "--die-with-parent", "--new-session"]
+        argv += ["--clearenv", *_setenv({**BUILD_ENV, **step.env})]
+        binds += step.binds
+        placed = [
+            arg
+            for i, bind in enumerate(binds)
+            for arg in ("--bind" if bind.writable else "--ro-bind", f"{{{i}}}", bind.dest)
+        ]
+        argv += [*placed[:3], *system, "--proc", "/proc", "--dev", "/dev"]
+        argv += ["--tmpfs", "/tmp", *placed[3:]]  # noqa: S108
+        argv += ["--seccomp", str(seccomp_fd), "--chdir", chdir, "--", *command]
+        return binds, argv
+
+    def _script(self, cgroup: cgroups.CellCgroup | None, binds: list[Bind], argv: list[str]) -> str:
+        q = shlex.quote
+        lines = _join_cgroup(cgroup)
+        if not self.privileged:
+            return "\n".join([*lines, "exec " + shlex.join(_fill(argv, binds, None))])
+        # The build uid may not reach the binds' sources (a data dir under /root): root
+        # binds them onto a private stage first, as for sandbox cells.
+        inner = [f"mount -t tmpfs -o mode=0755,size=64k sandcell-build {STAGE}"]
+        for index, bind in enumerate(binds):
+            target = f"{STAGE}/{index}"
+            make = "mkdir" if os.path.isdir(bind.source) else "touch"
+            inner.append(f"{make} {q(target)} && mount --bind {q(bind.source)} {q(target)}")
+        inner.append(
+            f"exec setpriv --reuid={BUILD_UID} --regid={BUILD_UID} --clear-groups"
+            f" --no-new-privs --bounding-set=-all -- {shlex.join(_fill(argv, binds, STAGE))}"
+        )
+        script = "set -eu\n" + "\n".join(inner)
+        lines.append(f"exec unshare --mount --propagation private -- /bin/sh -c {q(script)}")
+        return "\n".join(lines)
+
+    def _stream(
+        self, script: str, seccomp_fd: int, on_line: Callable[[str], None]
+    ) -> tuple[str, list[str]] | None:
+        """None on success, else (message, last lines)."""
+        Path(STAGE).mkdir(mode=0o755, exist_ok=True)
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(seccomp_fd,),
+            start_new_session=True,
+            env={"PATH": FIXED_PATH},
+            cwd="/",
+        )
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        assert proc.stdout is not None
+        with proc:
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                tail.append(line)
+                on_line(line)
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    return f"timed out after {STEP_TIMEOUT_S:.0f} s", list(tail)
+        if proc.returncode != 0:
+            return f"exited with status {proc.returncode}", list(tail)
+        return None
+
+
+def _join_cgroup(cgroup: cgroups.CellCgroup | None) -> list[str]:
+    q = shlex.quote
+    return ["set -eu", *(f"echo $$ > {q(p)}" for p in cgroup.procs_files if cgroup), "ulimit -c 0"]
+
+
+def _mapped_script(cgroup: cgroups.CellCgroup | None, step: Step) -> str:
+    """root's subordinate ids mapped from 0: uid 0 inside is an unprivileged host uid."""
+    ids = f"{step.userns_base},0,65536"
+    unshare = ["unshare", f"--map-users={ids}", f"--map-groups={ids}", "--setuid=0"]
+    unshare += ["--setgid=0", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    env = ["env", "-i", *(f"{k}={v}" for k, v in {**BUILD_ENV, **step.env}.items())]
+    return "\n".join([*_join_cgroup(cgroup), "exec " + shlex.join([*unshare, *env, *step.command])])
+
+
+def _fill(argv: list[str], binds: list[Bind], staged: str | None) -> list[str]:
+    """`{i}` placeholders replaced by the bind's source, or its place on the stage."""
+    sources = {f"{{{i}}}": f"{staged}/{i}" if staged else b.source for i, b in enumerate(binds)}
+    return [sources.get(arg, arg) for arg in argv]
+
+
+def _setenv(env: dict[str, str]) -> list[str]:
+    args: list[str] = []
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    return args
+
+
+def _unstage(root: Path) -> None:
+    """The mount points bwrap made in the root for the runtime are not part of the image."""
+    _remove_tree(root / stage.RUNTIME_DIR.lstrip("/"))
+
+
+def _remove_tree(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("sandcell-build-seccomp")
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

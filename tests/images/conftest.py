@@ -1,0 +1,79 @@
+"""Fixtures for images: a tiny OCI archive made here (static busybox, no Python), a store and a
+builder of the test's own, and cells of the built image."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cells.conftest import (
+    DEFAULT_POLICY,
+    CellFactory,
+    assert_nothing_left,
+    cells_unsupported,
+    new_cgroup_parent,
+)
+from sandcell.isolation import cgroups
+from sandcell.isolation.images.build import Builder, BuildJob
+from sandcell.isolation.images.spec import ImageSpec, digest
+from sandcell.isolation.images.store import ImageStore
+from sandcell.isolation.policy import CellPolicy
+from support import oci
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("images")
+
+
+@pytest.fixture(scope="module")
+def busybox_spec(workdir: Path) -> ImageSpec:
+    oci.write_archive(workdir / "busybox.tar", [oci.busybox_rootfs()], env=["IMAGE_VAR=from-oci"])
+    return ImageSpec(base="oci-archive:busybox.tar", context_dir=str(workdir))
+
+
+@pytest.fixture(scope="module")
+def build_parent() -> Iterator[str]:
+    if why := cells_unsupported():
+        pytest.skip(why)
+    parent = new_cgroup_parent()
+    yield parent
+    cgroups.detect(parent).destroy_all()
+
+
+@pytest.fixture(scope="module")
+def builder(workdir: Path, build_parent: str) -> Builder:
+    return Builder(ImageStore(workdir / "store"), cgroup_parent=build_parent)
+
+
+def finish(job: BuildJob) -> list[dict]:
+    """Every event of the build, once it has ended."""
+    return list(job.follow())
+
+
+@pytest.fixture(scope="module")
+def busybox_policy(builder: Builder, busybox_spec: ImageSpec) -> CellPolicy:
+    events = finish(builder.start("busybox", busybox_spec))
+    assert events[-1]["event"] == "done", events
+    image = digest(busybox_spec)
+    meta = builder.store.meta(image)
+    assert meta is not None
+    return replace(
+        DEFAULT_POLICY,
+        image_root=str(builder.store.rootfs(image)),
+        image_env=tuple(meta.env.items()),
+        inherit_env=(*DEFAULT_POLICY.inherit_env, *meta.env),
+    )
+
+
+@pytest.fixture(scope="module")
+def factory(workdir: Path, build_parent: str) -> Iterator[CellFactory]:
+    f = CellFactory(workdir, build_parent)
+    try:
+        yield f
+    finally:
+        f.close()
+    assert_nothing_left(f)
