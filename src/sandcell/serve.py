@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import uvicorn
 
 from sandcell.manager.backend import Backend, LocalBackend
+from sandcell.manager.images import TemplateImages
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.router.app import Limits, Router, create_app
 from sandcell.settings import Settings
@@ -80,6 +81,7 @@ async def serve(settings: Settings) -> None:
             await load_bootstrap_key(store),
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
+            images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
         )
         limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
         app = create_app(Router(store, manager, limits))

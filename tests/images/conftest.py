@@ -26,12 +26,14 @@ from support import oci
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("images")
+    """A config directory holding busybox.tar."""
+    path = tmp_path_factory.mktemp("images")
+    oci.write_archive(path / "busybox.tar", [oci.busybox_rootfs()], env=["IMAGE_VAR=from-oci"])
+    return path
 
 
 @pytest.fixture(scope="module")
 def busybox_spec(workdir: Path) -> ImageSpec:
-    oci.write_archive(workdir / "busybox.tar", [oci.busybox_rootfs()], env=["IMAGE_VAR=from-oci"])
     return ImageSpec(base="oci-archive:busybox.tar", context_dir=str(workdir))
 
 

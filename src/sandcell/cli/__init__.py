@@ -153,8 +153,10 @@ def doctor() -> None:
 
 
 from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
+from sandcell.cli.templates import template_app as _template_app  # noqa: E402
 
 _register_client_commands(app)
+app.add_typer(_template_app, name="template")
 
 
 def main() -> None:

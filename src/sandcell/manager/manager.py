@@ -14,6 +14,7 @@ from sandcell.cellapi.environment import validate_env
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.manager.backend import Backend, CellHandle
+from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize
 from sandcell.manager.pool import WarmCell, WarmPool
 from sandcell.manager.templates import Template
@@ -49,8 +50,10 @@ class Manager:
         *,
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         reap_interval_s: float = DEFAULT_REAP_INTERVAL_S,
+        images: TemplateImages | None = None,
     ) -> None:
         self.store = store
+        self.images = images or TemplateImages(None)
         self.backend = backend
         self.templates = templates
         self.bootstrap_key = bootstrap_key
@@ -70,8 +73,10 @@ class Manager:
 
     async def start(self) -> None:
         await self.reconcile()
-        for pool in self.pools.values():
-            pool.refill()
+        self.images.on_ready(lambda name: self.pools[name].refill())
+        for name, pool in self.pools.items():
+            if self.images.ready(self.templates[name]):  # the others fill once built
+                pool.refill()
         self._reaper = asyncio.ensure_future(self._reap_forever())
 
     async def stop(self) -> None:
@@ -140,10 +145,9 @@ class Manager:
     async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
         """A started and initialised cell; on any failure nothing of it is left."""
         sandbox_id = new_sandbox_id()
+        policy = self.images.policy(template)
         try:
-            handle: CellHandle = await self.backend.create(
-                template.policy(), sandbox_id, self.bootstrap_pem
-            )
+            handle: CellHandle = await self.backend.create(policy, sandbox_id, self.bootstrap_pem)
         except IsolationUnavailable as exc:
             raise SandcellError(
                 ErrorCode.ISOLATION_UNAVAILABLE, str(exc), {"layer": exc.layer}
@@ -180,6 +184,23 @@ class Manager:
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
+
+    async def remove_image(self, name: str) -> bool:
+        """Deletes a template's built image when no sandbox of the template lives; its warm
+        cells go first (they run on it)."""
+        template = self.template(name)
+        users = [r.id for r in await self.store.list_sandboxes() if r.template == name]
+        if users:
+            raise SandcellError(
+                ErrorCode.CONFLICT,
+                f"{len(users)} sandboxes of template {name!r} are running on its image",
+                {"sandboxes": users[:20]},
+            )
+        pool = self.pools[name]
+        size = pool.size
+        await pool.drain()
+        pool.size = size  # refilled once the image is built again
+        return await asyncio.to_thread(self.images.remove, template)
 
     # -- expiry and reconciliation --------------------------------------------------------
 

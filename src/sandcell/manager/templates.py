@@ -9,9 +9,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.isolation.images.spec import ImageSpec
 from sandcell.isolation.policy import LAYERS, CellPolicy
 
 DEFAULT_TEMPLATE = "default"
+CODE_INTERPRETER = "code-interpreter"
 
 
 class ConfigError(Exception):
@@ -32,6 +34,7 @@ class Template(BaseModel):
     warm_pool: int = Field(2, ge=0, le=1000)
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: tuple[str, ...] = ()
+    image: ImageSpec = ImageSpec()
 
     @field_validator("allow_degraded")
     @classmethod
@@ -56,7 +59,31 @@ class Template(BaseModel):
         return self.model_dump(mode="json")
 
 
-def parse_templates(raw: dict[str, Any]) -> dict[str, Template]:
+def builtin_templates() -> dict[str, Template]:
+    """`default` (the host's system, fast) and `code-interpreter` (Debian with Python and the
+    scientific stack, SPEC §10): built on first use, so no warm pool until then."""
+    science = ImageSpec(
+        base="debian:bookworm",
+        apt=(
+            "python3",
+            "python3-ipykernel",
+            "ipython3",
+            "python3-numpy",
+            "python3-pandas",
+            "python3-matplotlib",
+        ),
+        workdir="/workspace",
+    )
+    return {
+        DEFAULT_TEMPLATE: Template(),
+        CODE_INTERPRETER: Template(
+            name=CODE_INTERPRETER, memory_mb=1024, warm_pool=0, image=science
+        ),
+    }
+
+
+def parse_templates(raw: dict[str, Any], config_dir: Path | None = None) -> dict[str, Template]:
+    """`config_dir`: where relative paths in `image` tables are read from."""
     tables = raw.get("templates", {})
     if not isinstance(tables, dict):
         raise ConfigError("[templates] must be a table of tables")
@@ -64,11 +91,16 @@ def parse_templates(raw: dict[str, Any]) -> dict[str, Template]:
     for name, values in tables.items():
         if not isinstance(values, dict):
             raise ConfigError(f"[templates.{name}] must be a table")
+        image = values.get("image", {})
+        if not isinstance(image, dict):
+            raise ConfigError(f"[templates.{name}] image must be a table")
+        context = {"context_dir": str(config_dir or Path.cwd())}
         try:
-            templates[name] = Template(name=name, **values)
+            templates[name] = Template(name=name, **{**values, "image": {**image, **context}})
         except (ValidationError, TypeError) as exc:
             raise ConfigError(f"[templates.{name}]: {_describe(exc)}") from None
-    templates.setdefault(DEFAULT_TEMPLATE, Template())
+    for name, template in builtin_templates().items():
+        templates.setdefault(name, template)
     return templates
 
 

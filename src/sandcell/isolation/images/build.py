@@ -61,12 +61,24 @@ class BuildJob:
     events: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     _cond: threading.Condition = field(default_factory=threading.Condition)
+    _then: list[Callable[[BuildJob], None]] = field(default_factory=list)
 
     def emit(self, event: dict[str, Any], *, last: bool = False) -> None:
         with self._cond:
             self.events.append(event)
             self.done = self.done or last
             self._cond.notify_all()
+            then = list(self._then) if last else []
+        for callback in then:
+            callback(self)
+
+    def when_done(self, callback: Callable[[BuildJob], None]) -> None:
+        """Calls back once the build has ended (now, if it has)."""
+        with self._cond:
+            if not self.done:
+                self._then.append(callback)
+                return
+        callback(self)
 
     def wait_events(self, start: int, timeout_s: float) -> tuple[list[dict[str, Any]], bool]:
         """Events from index `start` (waiting up to timeout_s for one), and whether the
@@ -177,10 +189,7 @@ def _plan(spec: ImageSpec, staging: Path) -> list[_Planned]:
             raise BuildError("unpack", f"no OCI archive at {archive}")
         plan.append(_Planned("unpack", lambda s: _unpack(archive, s)))
     elif spec.kind == "debian":
-        try:
-            base = debian.subordinate_base()
-        except debian.NoSubordinateIds as exc:
-            raise BuildError("bootstrap", str(exc)) from None
+        base = debian.id_base()
         finish = functools.partial(debian.finish, owner=BUILD_UID)
         plan.append(_Planned("bootstrap", lambda s: debian.bootstrap(spec, s, base), finish))
     if spec.files:
@@ -191,11 +200,13 @@ def _plan(spec: ImageSpec, staging: Path) -> list[_Planned]:
         plan.append(_Planned("files", lambda _: _copy(spec, sources, rootfs)))
     if spec.pip:
         pip = ["python3", "-m", "pip", "install", "--no-cache-dir", "--root-user-action=ignore"]
-        step = Step([*pip, *spec.pip], image_root=rootfs, env={"PIP_BREAK_SYSTEM_PACKAGES": "1"})
-        plan.append(_Planned("pip", lambda _: step))
+        pip_step = Step(
+            [*pip, *spec.pip], image_root=rootfs, env={"PIP_BREAK_SYSTEM_PACKAGES": "1"}
+        )
+        plan.append(_Planned("pip", lambda _: pip_step))
     for number, command in enumerate(spec.run, 1):
-        step = Step(["/bin/sh", "-c", command], image_root=rootfs, chdir=spec.workdir or "/")
-        plan.append(_Planned(f"run {number}", lambda _, step=step: step))
+        run = Step(["/bin/sh", "-c", command], image_root=rootfs, chdir=spec.workdir or "/")
+        plan.append(_Planned(f"run {number}", lambda _, run=run: run))
     return plan
 
 

@@ -39,8 +39,14 @@ STAGE = "/run/sandcell-build-stage"
 BUILD_UID = 199_999
 BUILD_LIMITS = cgroups.Limits(memory_mb=2048, pids_max=2048, cpus=1.0)
 STEP_TIMEOUT_S = 1800.0
+ID_RANGE = 65536
 TAIL_LINES = 20
+# Downloads in build steps trust the host's CAs (a site's TLS-inspecting proxy included),
+# not only the image's own: the image may have none yet.
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+BUILD_CA_BUNDLE = "/.sandcell/ca-certificates.crt"
 BUILD_ENV = {"PATH": FIXED_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}  # noqa: S108
+CA_ENV = {"PIP_CERT": BUILD_CA_BUNDLE, "SSL_CERT_FILE": BUILD_CA_BUNDLE}
 
 
 class StepFailed(Exception):
@@ -53,8 +59,8 @@ class StepFailed(Exception):
 class Step:
     """One command in a build cell. `image_root`: the root being built, mounted writable as
     / with the daemon's runtime staged beside it; None: the host's system dirs, read-only.
-    `userns_base`: instead of bwrap, a user namespace mapping 65536 ids from this host uid
-    (for mmdebstrap, which needs many uids and chroot)."""
+    `userns_base`: instead of bwrap, a user namespace mapping ID_RANGE ids from this host
+    uid (for mmdebstrap, which needs many uids and chroot)."""
 
     command: list[str]
     binds: list[Bind] = field(default_factory=list)
@@ -79,11 +85,14 @@ class BuildCells:
         seccomp_fd = _memfd(seccomp.build_filter())
         try:
             if step.userns_base is not None:
-                script = _mapped_script(cgroup, step)
+                if not self.privileged:
+                    raise StepFailed("mapping a range of ids needs the server to run as root", [])
+                binds, argv, uid = step.binds, _mapped_argv(step), step.userns_base
             else:
                 binds, argv = self._bwrap(step, work, seccomp_fd)
-                script = self._script(cgroup, binds, argv)
-            tail = self._stream(script, seccomp_fd, on_line)
+                uid = BUILD_UID
+            script = self._script(cgroup, binds, argv, uid, no_new_privs=uid == BUILD_UID)
+            tail = self._stream(script, seccomp_fd, on_line, step.userns_base)
         finally:
             os.close(seccomp_fd)
             if cgroup is not None:
@@ -104,6 +113,7 @@ class BuildCells:
 
     def _bwrap(self, step: Step, work: Path, seccomp_fd: int) -> tuple[list[Bind], list[str]]:
         """The binds to stage and bwrap's argv, with each bind's source as `{0}`, `{1}`..."""
+        env = BUILD_ENV
         if step.image_root is None:
             system = host_system({p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)})
             binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
@@ -111,13 +121,15 @@ class BuildCells:
         else:
             staged = stage.stage_runtime(work)
             system = ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+            system += ["--ro-bind-try", HOST_CA_BUNDLE, BUILD_CA_BUNDLE]
             binds = [Bind(str(step.image_root), "/", writable=True), *staged.binds]
             python, chdir = staged.python, step.chdir
+            env = {**env, **CA_ENV}
         command = [*python, *step.command[1:]] if step.command[0] == "python" else step.command
         argv = ["bwrap", "--unshare-user", "--uid", "0", "--gid", "0"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
         argv += ["--hostname", "sandcell-build", "--die-with-parent", "--new-session"]
-        argv += ["--clearenv", *_setenv({**BUILD_ENV, **step.env})]
+        argv += ["--clearenv", *_setenv({**env, **step.env})]
         binds += step.binds
         placed = [
             arg
@@ -129,35 +141,50 @@ class BuildCells:
         argv += ["--seccomp", str(seccomp_fd), "--chdir", chdir, "--", *command]
         return binds, argv
 
-    def _script(self, cgroup: cgroups.CellCgroup | None, binds: list[Bind], argv: list[str]) -> str:
+    def _script(
+        self,
+        cgroup: cgroups.CellCgroup | None,
+        binds: list[Bind],
+        argv: list[str],
+        uid: int,
+        *,
+        no_new_privs: bool,
+    ) -> str:
+        """The launch chain; `uid` is the host uid the step starts as. Its bounding set stays
+        whole, and a mapped step runs without no_new_privs: uid 0 of its own namespace must
+        gain that namespace's capabilities at exec (setuid files of host-owned uids unmapped
+        in there are not honoured by the kernel; nothing else could raise it)."""
         q = shlex.quote
         lines = _join_cgroup(cgroup)
         if not self.privileged:
             return "\n".join([*lines, "exec " + shlex.join(_fill(argv, binds, None))])
-        # The build uid may not reach the binds' sources (a data dir under /root): root
-        # binds them onto a private stage first, as for sandbox cells.
+        # That uid may not reach the binds' sources (a data dir under /root): root binds
+        # them onto a private stage first, as for sandbox cells.
         inner = [f"mount -t tmpfs -o mode=0755,size=64k sandcell-build {STAGE}"]
         for index, bind in enumerate(binds):
             target = f"{STAGE}/{index}"
             make = "mkdir" if os.path.isdir(bind.source) else "touch"
             inner.append(f"{make} {q(target)} && mount --bind {q(bind.source)} {q(target)}")
-        inner.append(
-            f"exec setpriv --reuid={BUILD_UID} --regid={BUILD_UID} --clear-groups"
-            f" --no-new-privs --bounding-set=-all -- {shlex.join(_fill(argv, binds, STAGE))}"
-        )
+        setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        setpriv += ["--no-new-privs"] if no_new_privs else []
+        inner.append("exec " + shlex.join([*setpriv, "--", *_fill(argv, binds, STAGE)]))
         script = "set -eu\n" + "\n".join(inner)
         lines.append(f"exec unshare --mount --propagation private -- /bin/sh -c {q(script)}")
         return "\n".join(lines)
 
     def _stream(
-        self, script: str, seccomp_fd: int, on_line: Callable[[str], None]
+        self,
+        script: str,
+        seccomp_fd: int,
+        on_line: Callable[[str], None],
+        userns_base: int | None,
     ) -> tuple[str, list[str]] | None:
         """None on success, else (message, last lines)."""
         Path(STAGE).mkdir(mode=0o755, exist_ok=True)
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         proc = subprocess.Popen(
             ["/bin/sh", "-c", script],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if userns_base is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=(seccomp_fd,),
@@ -168,6 +195,8 @@ class BuildCells:
         deadline = time.monotonic() + STEP_TIMEOUT_S
         assert proc.stdout is not None
         with proc:
+            if userns_base is not None:
+                _map_ids(proc, userns_base)
             for raw in proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
                 tail.append(line)
@@ -185,19 +214,51 @@ def _join_cgroup(cgroup: cgroups.CellCgroup | None) -> list[str]:
     return ["set -eu", *(f"echo $$ > {q(p)}" for p in cgroup.procs_files if cgroup), "ulimit -c 0"]
 
 
-def _mapped_script(cgroup: cgroups.CellCgroup | None, step: Step) -> str:
-    """root's subordinate ids mapped from 0: uid 0 inside is an unprivileged host uid."""
-    ids = f"{step.userns_base},0,65536"
-    unshare = ["unshare", f"--map-users={ids}", f"--map-groups={ids}", "--setuid=0"]
-    unshare += ["--setgid=0", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+def _mapped_argv(step: Step) -> list[str]:
+    """A new user namespace whose ids 0-65535 are host ids from `userns_base` (the uid the
+    chain drops to). unshare cannot map a range without newuidmap and /etc/subuid, so the
+    launcher (root, outside) writes the maps itself (`_map_ids`) while the inner shell
+    waits on stdin; its next exec, as uid 0 in there, holds that namespace's capabilities
+    and nothing on the host. `{i}` in the command stands for the step's i-th bind."""
     env = ["env", "-i", *(f"{k}={v}" for k, v in {**BUILD_ENV, **step.env}.items())]
-    return "\n".join([*_join_cgroup(cgroup), "exec " + shlex.join([*unshare, *env, *step.command])])
+    inner = f"read go\nexec {shlex.join([*env, *step.command])}"
+    return [
+        "unshare",
+        "--user",
+        "--mount",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--",
+        "sh",
+        "-c",
+        inner,
+    ]
+
+
+def _map_ids(proc: subprocess.Popen[bytes], base: int) -> None:
+    """Once the launcher has entered its user namespace: its uid and gid maps, then go."""
+    own = os.readlink("/proc/self/ns/user")
+    deadline = time.monotonic() + 10
+    while os.readlink(f"/proc/{proc.pid}/ns/user") == own:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise StepFailed("the build's user namespace did not start", [])
+        time.sleep(0.005)
+    for name in ("uid_map", "gid_map"):
+        Path(f"/proc/{proc.pid}/{name}").write_text(f"0 {base} {ID_RANGE}\n")
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
 
 
 def _fill(argv: list[str], binds: list[Bind], staged: str | None) -> list[str]:
-    """`{i}` placeholders replaced by the bind's source, or its place on the stage."""
-    sources = {f"{{{i}}}": f"{staged}/{i}" if staged else b.source for i, b in enumerate(binds)}
-    return [sources.get(arg, arg) for arg in argv]
+    """`{i}` in the arguments replaced by the i-th bind's source, or its place on the stage."""
+    filled = []
+    for arg in argv:
+        for i, bind in enumerate(binds):
+            arg = arg.replace(f"{{{i}}}", f"{staged}/{i}" if staged else bind.source)
+        filled.append(arg)
+    return filled
 
 
 def _setenv(env: dict[str, str]) -> list[str]:

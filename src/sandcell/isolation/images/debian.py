@@ -1,9 +1,9 @@
 """A Debian root from the Debian archive, made by mmdebstrap (SPEC §12, `debian:<suite>`).
 
 mmdebstrap needs many uids (packages own files as root, _apt, man...) and chroot, so this
-step does not run in the single-uid bwrap cell: it runs in a user namespace mapping root's
-subordinate range (/etc/subuid and /etc/subgid, as mmdebstrap's own unprivileged mode
-does), where uid 0 is an unprivileged host uid. mmdebstrap there takes the unshare mode's
+step does not run in the single-uid bwrap cell: it runs in a user namespace mapping a range
+of 65536 host ids (root's subordinate range from /etc/subuid if it has one), where uid 0 is
+an unprivileged host uid. mmdebstrap there takes the unshare mode's
 root path: a private mount namespace, apt and dpkg inside the chroot, the archive over the
 host's network.
 """
@@ -14,16 +14,14 @@ import os
 import shutil
 from pathlib import Path
 
-from sandcell.isolation.images.buildcell import Step
+from sandcell.isolation.bwrap import Bind
+from sandcell.isolation.images.buildcell import ID_RANGE, Step
 from sandcell.isolation.images.spec import ImageSpec
 
 MIRROR = "http://deb.debian.org/debian"
-RANGE = 65536
 SUBID_FILES = ("/etc/subuid", "/etc/subgid")
-
-
-class NoSubordinateIds(Exception):
-    pass
+# Far above the cells' uids (200000-209999) and the build uid.
+DEFAULT_BASE = 2_000_000
 
 
 def bootstrap(spec: ImageSpec, staging: Path, base: int) -> Step:
@@ -39,8 +37,13 @@ def bootstrap(spec: ImageSpec, staging: Path, base: int) -> Step:
     command += ["--skip=output/dev", "--skip=cleanup/apt/lists"]
     if packages:
         command.append(f"--include={','.join(packages)}")
-    command += [spec.suite, str(staging / "rootfs"), MIRROR]
-    return Step(command, env={"TMPDIR": str(tmp)}, userns_base=base)
+    command += [spec.suite, "{0}/rootfs", MIRROR]
+    return Step(
+        command,
+        [Bind(str(staging), "")],
+        env={"TMPDIR": "{0}/tmp", "HOME": "{0}/tmp"},
+        userns_base=base,
+    )
 
 
 def finish(staging: Path, owner: int) -> None:
@@ -55,18 +58,11 @@ def finish(staging: Path, owner: int) -> None:
         os.chown(path, owner, owner)
 
 
-def subordinate_base() -> int:
-    """The first id of a range of at least RANGE that root owns in both subid files."""
-    starts = []
-    for path in SUBID_FILES:
-        starts.append(_range_for_root(Path(path)))
-    if starts[0] is None or starts[0] != starts[1]:
-        raise NoSubordinateIds(
-            f"debian bases need one range of {RANGE} subordinate ids for root, the same in "
-            f"{' and '.join(SUBID_FILES)} (e.g. `usermod --add-subuids 1000000-1065535 "
-            "--add-subgids 1000000-1065535 root`)"
-        )
-    return starts[0]
+def id_base() -> int:
+    """The first host id of the build's range: root's subordinate range when /etc/subuid
+    and /etc/subgid give it one (the administrator's choice), else DEFAULT_BASE."""
+    starts = {_range_for_root(Path(path)) for path in SUBID_FILES}
+    return starts.pop() if len(starts) == 1 and None not in starts else DEFAULT_BASE  # type: ignore[return-value]
 
 
 def _range_for_root(path: Path) -> int | None:
@@ -77,7 +73,7 @@ def _range_for_root(path: Path) -> int | None:
     for line in lines:
         owner, _, rest = line.partition(":")
         start, _, count = rest.partition(":")
-        valid = start.isdigit() and count.isdigit() and int(count or 0) >= RANGE
+        valid = start.isdigit() and count.isdigit() and int(count or 0) >= ID_RANGE
         if owner in ("root", "0") and valid:
             return int(start)
     return None
