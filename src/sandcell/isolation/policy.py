@@ -33,6 +33,7 @@ class CellPolicy:
     # None: the host's system dirs.
     image_root: str | None = None
     image_env: tuple[tuple[str, str], ...] = ()
+    pod_image: str | None = None  # Kubernetes: the pod's image (`image.oci`)
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "loopback"):

@@ -53,6 +53,7 @@ class Template(BaseModel):
             network=self.network,
             inherit_env=self.inherit_env,
             allow_degraded=frozenset(self.allow_degraded),
+            pod_image=self.image.oci,
         )
 
     def public(self) -> dict[str, Any]:
