@@ -43,7 +43,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     if why := cells_unsupported():
         pytest.skip(why)
     root = tmp_path_factory.mktemp("serve-images")
-    oci.write_archive(root / "busybox.tar", [oci.busybox_rootfs()])
+    env = ["GREETING=hi", "PYTHONPATH=/evil", "LD_PRELOAD=/evil.so", "SANDCELL_SANDBOX_ID=x"]
+    oci.write_archive(root / "busybox.tar", [oci.busybox_rootfs()], env=env)
     (root / "motd").write_text("hello from the image\n")
     server = start_server(root / "data", config_text=CONFIG)
     yield server
@@ -91,6 +92,9 @@ def test_an_image_template_is_409_until_built_then_runs_on_its_image(
     with Sandbox.create("tiny", config=user) as sbx:
         r = sbx.commands.run("cat /etc/os-release /etc/motd")
         assert r.stdout == oci.OS_RELEASE.decode() + "hello from the image\n"
+        # The image's Env reaches commands, except what would steer the daemon itself.
+        r = sbx.commands.run("echo $GREETING $PYTHONPATH $LD_PRELOAD $SANDCELL_SANDBOX_ID")
+        assert r.stdout == "hi\n", r
         with pytest.raises(ConflictError):  # a live sandbox runs on it
             Templates.remove("tiny", config=admin)
     assert Templates.remove("tiny", config=admin) is True

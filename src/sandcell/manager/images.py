@@ -25,6 +25,13 @@ from sandcell.manager.templates import Template
 
 log = logging.getLogger("sandcell.manager.images")
 HOST_IMAGE = ImageState("ready")
+# Names an image's config may not set: the daemon runs with this environment too, and these
+# would change how its loader, interpreter or sandcell itself behave.
+RESERVED_ENV_PREFIXES = ("LD_", "PYTHON", "SANDCELL_", "GCONV_", "MALLOC_", "GLIBC_")
+
+
+def _reserved(name: str) -> bool:
+    return name.startswith(RESERVED_ENV_PREFIXES) or name in ("HOME", "LANG")
 
 
 class TemplateImages:
@@ -72,7 +79,7 @@ class TemplateImages:
                 {"template": template.name, "image": state.public()},
             )
         meta = self.store.meta(state.digest)
-        env = meta.env if meta else {}
+        env = {k: v for k, v in (meta.env if meta else {}).items() if not _reserved(k)}
         return replace(
             policy,
             image_root=str(self.store.rootfs(state.digest)),

@@ -73,11 +73,14 @@ class Manager:
 
     async def start(self) -> None:
         await self.reconcile()
-        self.images.on_ready(lambda name: self.pools[name].refill())
-        for name, pool in self.pools.items():
-            if self.images.ready(self.templates[name]):  # the others fill once built
-                pool.refill()
+        self.images.on_ready(lambda _: self._refill_ready_pools())
+        self._refill_ready_pools()  # the others fill once their image is built
         self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    def _refill_ready_pools(self) -> None:
+        for name, pool in self.pools.items():
+            if self.images.ready(self.templates[name]):
+                pool.refill()
 
     async def stop(self) -> None:
         """Stops background work and empties the pools; live sandboxes keep running."""
