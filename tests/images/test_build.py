@@ -4,9 +4,13 @@ half-made on failure, and a malicious layer refused inside the build cell."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
+import pytest
+
 from images.conftest import finish
+from sandcell.isolation.images import buildcell
 from sandcell.isolation.images.build import Builder
 from sandcell.isolation.images.buildcell import BUILD_UID
 from sandcell.isolation.images.spec import ImageSpec, digest
@@ -111,3 +115,20 @@ def test_a_malicious_layer_is_refused_in_the_build_cell(builder: Builder, workdi
         assert not builder.store.rootfs(digest(spec)).exists()
     assert _leftovers(builder) == []
     assert BUILD_UID not in {os.stat(p).st_uid for p in workdir.iterdir()}
+
+
+def test_a_hanging_step_is_killed_whole_at_its_timeout(
+    builder: Builder, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(buildcell, "STEP_TIMEOUT_S", 1.0)
+    spec = ImageSpec(
+        base="oci-archive:busybox.tar",
+        run=("echo waiting; sleep 60 & sleep 60",),  # a child holding the output open too
+        context_dir=str(workdir),
+    )
+    started = time.monotonic()
+    failed = finish(builder.start("hangs", spec))[-1]
+    assert time.monotonic() - started < 20
+    assert failed["error"]["message"] == "timed out after 1 s"
+    assert failed["error"]["log"] == ["waiting"]
+    assert _leftovers(builder) == []

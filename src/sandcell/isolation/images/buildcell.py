@@ -22,6 +22,7 @@ import secrets
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,26 +83,28 @@ class BuildCells:
         cgroup = self._cgroup(name)
         work = self.scratch / name
         work.mkdir(mode=0o755)
-        seccomp_fd = _memfd(seccomp.build_filter())
+        seccomp_fd = None
         try:
-            if step.userns_base is not None:
+            if step.userns_base is not None:  # mmdebstrap: unshare and mount are its job
                 if not self.privileged:
                     raise StepFailed("mapping a range of ids needs the server to run as root", [])
                 binds, argv, uid = step.binds, _mapped_argv(step), step.userns_base
             else:
+                seccomp_fd = _memfd(seccomp.build_filter())
                 binds, argv = self._bwrap(step, work, seccomp_fd)
                 uid = BUILD_UID
             script = self._script(cgroup, binds, argv, uid, no_new_privs=uid == BUILD_UID)
-            tail = self._stream(script, seccomp_fd, on_line, step.userns_base)
+            failure = self._stream(script, seccomp_fd, on_line, step.userns_base, cgroup)
         finally:
-            os.close(seccomp_fd)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
             if cgroup is not None:
                 cgroup.destroy()
             if step.image_root is not None:
                 _unstage(step.image_root)
             _remove_tree(work)
-        if tail is not None:
-            raise StepFailed(tail[0], tail[1])
+        if failure is not None:
+            raise StepFailed(*failure)
 
     def _cgroup(self, name: str) -> cgroups.CellCgroup | None:
         try:
@@ -175,11 +178,13 @@ class BuildCells:
     def _stream(
         self,
         script: str,
-        seccomp_fd: int,
+        seccomp_fd: int | None,
         on_line: Callable[[str], None],
         userns_base: int | None,
+        cgroup: cgroups.CellCgroup | None,
     ) -> tuple[str, list[str]] | None:
-        """None on success, else (message, last lines)."""
+        """None on success, else (message, last lines). A step past STEP_TIMEOUT_S, or one
+        whose start fails, is killed whole (its cgroup), so its output pipe closes."""
         Path(STAGE).mkdir(mode=0o755, exist_ok=True)
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         proc = subprocess.Popen(
@@ -187,23 +192,40 @@ class BuildCells:
             stdin=subprocess.DEVNULL if userns_base is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            pass_fds=(seccomp_fd,),
+            pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             start_new_session=True,
             env={"PATH": FIXED_PATH},
             cwd="/",
         )
-        deadline = time.monotonic() + STEP_TIMEOUT_S
+
+        def kill() -> None:
+            if cgroup is not None:
+                cgroup.kill_all()
+            proc.kill()
+
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            kill()
+
+        timer = threading.Timer(STEP_TIMEOUT_S, expire)
+        timer.start()
         assert proc.stdout is not None
-        with proc:
-            if userns_base is not None:
-                _map_ids(proc, userns_base)
-            for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip("\n")
-                tail.append(line)
-                on_line(line)
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    return f"timed out after {STEP_TIMEOUT_S:.0f} s", list(tail)
+        try:
+            with proc:
+                if userns_base is not None:
+                    _map_ids(proc, userns_base)
+                for raw in proc.stdout:
+                    tail.append(raw.decode(errors="replace").rstrip("\n"))
+                    on_line(tail[-1])
+        except BaseException:
+            kill()
+            raise
+        finally:
+            timer.cancel()
+        if expired.is_set():
+            return f"timed out after {STEP_TIMEOUT_S:.0f} s", list(tail)
         if proc.returncode != 0:
             return f"exited with status {proc.returncode}", list(tail)
         return None
