@@ -15,6 +15,7 @@ from cells.conftest import DEFAULT_POLICY, CellFactory
 from images.conftest import finish
 from sandcell.isolation.images.build import Builder
 from sandcell.isolation.images.spec import ImageSpec, digest
+from sandcell.manager.templates import builtin_templates
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,5 +51,23 @@ def test_a_debian_image_with_apt_and_pip_packages_runs_sandboxes(
         r = cell.sh("grep ^ID= /etc/os-release; id -u; touch /usr/x 2>&1 || echo read-only")
         assert r["stdout"].splitlines()[:2] == ["ID=debian", "1000"], r
         assert r["stdout"].endswith("read-only\n"), r
+    finally:
+        cell.destroy()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("SANDCELL_TEST_CODE_INTERPRETER"),
+    reason="the code-interpreter image takes minutes; set SANDCELL_TEST_CODE_INTERPRETER=1",
+)
+def test_the_builtin_code_interpreter_image(builder: Builder, factory: CellFactory) -> None:
+    template = builtin_templates()["code-interpreter"]
+    events = finish(builder.start(template.name, template.image))
+    assert events[-1]["event"] == "done", events[-12:]
+    root = str(builder.store.rootfs(digest(template.image)))
+    cell = factory.create(replace(DEFAULT_POLICY, memory_mb=1024, image_root=root))
+    try:
+        probe = "import numpy, pandas, matplotlib, ipykernel, IPython; print('ok')"
+        r = cell.run(["python3", "-c", probe], timeout_s=120)
+        assert r["stdout"] == "ok\n", r
     finally:
         cell.destroy()

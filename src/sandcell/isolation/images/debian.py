@@ -34,7 +34,7 @@ def bootstrap(spec: ImageSpec, staging: Path, base: int) -> Step:
             os.chown(path, base, base)
     packages = list(spec.apt) + (["python3-pip"] if spec.pip else [])
     command = ["mmdebstrap", "--mode=unshare", "--variant=minbase", "--format=directory"]
-    command += ["--skip=output/dev", "--skip=cleanup/apt/lists"]
+    command.append("--skip=output/dev")  # device nodes: cells get a /dev of their own
     if packages:
         command.append(f"--include={','.join(packages)}")
     command += [spec.suite, "{0}/rootfs", MIRROR]
