@@ -132,3 +132,19 @@ def test_a_hanging_step_is_killed_whole_at_its_timeout(
     assert failed["error"]["message"] == "timed out after 1 s"
     assert failed["error"]["log"] == ["waiting"]
     assert _leftovers(builder) == []
+
+
+def test_another_process_building_the_same_image_is_waited_for(
+    builder: Builder, workdir: Path
+) -> None:
+    """Two builders on one store (two replicas on one host): one builds, the other follows
+    the store's lock and reports the same image."""
+    other = Builder(builder.store, cgroup_parent=builder.cells.cgroup_parent)
+    spec = ImageSpec(base="oci-archive:busybox.tar", run=("sleep 1",), context_dir=str(workdir))
+    first = builder.start("shared", spec)
+    while not first.events:
+        time.sleep(0.01)
+    second = finish(other.start("shared", spec))
+    assert [e["event"] for e in second] == ["log", "done"]
+    assert second[0]["line"] == "another process is building this image"
+    assert finish(first)[-1]["image"] == second[-1]["image"]

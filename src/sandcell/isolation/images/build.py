@@ -145,6 +145,7 @@ class Builder:
 
     def _build_once(self, job: BuildJob, spec: ImageSpec) -> ImageMeta:
         """Unchanged specs are a no-op; a build under way elsewhere is waited for."""
+        waiting = False
         while True:
             if (meta := self.store.meta(job.digest)) is not None:
                 return meta
@@ -153,7 +154,9 @@ class Builder:
                     if (meta := self.store.meta(job.digest)) is not None:
                         return meta
                     return self._build(job, spec)
-            job.emit({"event": "log", "line": "another process is building this image"})
+            if not waiting:
+                job.emit({"event": "log", "line": "another process is building this image"})
+                waiting = True
             time.sleep(WAIT_POLL_S)
 
     def _build(self, job: BuildJob, spec: ImageSpec) -> ImageMeta:
