@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from cells.conftest import (
+from cells.conftest import (  # cell, make_cell, host_sleeper: fixtures, of image cells here
     DEFAULT_POLICY,
+    Cell,
     CellFactory,
     assert_nothing_left,
+    cell,  # noqa: F401
     cells_unsupported,
+    host_sleeper,  # noqa: F401
+    make_cell,  # noqa: F401
     new_cgroup_parent,
 )
 from sandcell.isolation import cgroups
@@ -71,9 +75,30 @@ def busybox_policy(builder: Builder, busybox_spec: ImageSpec) -> CellPolicy:
     )
 
 
+class ImageCellFactory(CellFactory):
+    """Cells of a built image: a policy without an image of its own gets `image`'s root
+    and env, so the suites of tests/cells run unchanged on image cells."""
+
+    def __init__(self, root: Path, parent: str, image: CellPolicy) -> None:
+        super().__init__(root, parent)
+        self.image = image
+
+    def create(self, policy: CellPolicy = DEFAULT_POLICY, *, init: bool = True) -> Cell:
+        if policy.image_root is None:
+            policy = replace(
+                policy,
+                image_root=self.image.image_root,
+                image_env=self.image.image_env,
+                inherit_env=(*policy.inherit_env, *(k for k, _ in self.image.image_env)),
+            )
+        return super().create(policy, init=init)
+
+
 @pytest.fixture(scope="module")
-def factory(workdir: Path, build_parent: str) -> Iterator[CellFactory]:
-    f = CellFactory(workdir, build_parent)
+def factory(
+    workdir: Path, build_parent: str, busybox_policy: CellPolicy
+) -> Iterator[ImageCellFactory]:
+    f = ImageCellFactory(workdir, build_parent, busybox_policy)
     try:
         yield f
     finally:

@@ -3,21 +3,10 @@ staged beside it, and the cell's own places are as in §3."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from cells.conftest import Cell, CellFactory
-from sandcell.isolation.policy import CellPolicy
+from cells.conftest import Cell
 from support.oci import OS_RELEASE
-
-
-@pytest.fixture(scope="module")
-def cell(factory: CellFactory, busybox_policy: CellPolicy) -> Iterator[Cell]:
-    c = factory.create(busybox_policy)
-    yield c
-    c.destroy()
 
 
 def test_commands_see_the_images_os_release_not_the_hosts(cell: Cell) -> None:
