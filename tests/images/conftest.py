@@ -51,8 +51,10 @@ def build_parent() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def builder(workdir: Path, build_parent: str) -> Builder:
-    return Builder(ImageStore(workdir / "store"), cgroup_parent=build_parent)
+def builder(workdir: Path, build_parent: str) -> Iterator[Builder]:
+    builder = Builder(ImageStore(workdir / "store"), cgroup_parent=build_parent)
+    yield builder
+    builder.store.unmount_all()
 
 
 def finish(job: BuildJob) -> list[dict]:
@@ -96,11 +98,12 @@ class ImageCellFactory(CellFactory):
 
 @pytest.fixture(scope="module")
 def factory(
-    workdir: Path, build_parent: str, busybox_policy: CellPolicy
+    workdir: Path, build_parent: str, busybox_policy: CellPolicy, builder: Builder
 ) -> Iterator[ImageCellFactory]:
     f = ImageCellFactory(workdir, build_parent, busybox_policy)
     try:
         yield f
     finally:
         f.close()
+        builder.store.unmount_all()  # the images' mounts are under the factory's root too
     assert_nothing_left(f)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cells.conftest import Cell
+from sandcell.isolation.images.build import Builder
 from support.oci import OS_RELEASE
 
 
@@ -34,3 +35,14 @@ def test_the_host_is_not_visible(cell: Cell) -> None:
     listing = r["stdout"]
     assert "root:x:0:0" in listing and "sandbox:x:1000" in listing
     assert "No such file" in listing  # neither the host's /root nor /home
+
+
+def test_mountinfo_shows_no_path_of_the_image_store(cell: Cell, builder: Builder) -> None:
+    """The image is a filesystem of its own: its mounts show a loop device and a path
+    inside the image, never where the data directory keeps it."""
+    lines = cell.run(["/bin/cat", "/proc/self/mountinfo"])["stdout"].splitlines()
+    image_mounts = {f[4]: (f[3], f[-2]) for f in (line.split() for line in lines)}
+    for point in ("/bin", "/etc", "/usr", "/sbin"):
+        root, source = image_mounts[point]
+        assert root == point and source.startswith("/dev/loop"), (point, root, source)
+    assert str(builder.store.root) not in "\n".join(lines)

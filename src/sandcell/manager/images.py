@@ -104,6 +104,11 @@ class TemplateImages:
             for callback in self._on_ready:
                 callback(job.template)
 
+    def close(self) -> None:
+        """Unmounts the images (cells still running keep theirs)."""
+        if self.store is not None:
+            self.store.unmount_all()
+
     def remove(self, template: Template) -> bool:
         if self.store is None or not template.image.built:
             return False

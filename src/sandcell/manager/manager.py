@@ -90,6 +90,7 @@ class Manager:
                 await self._reaper
         for pool in self.pools.values():
             await pool.drain()
+        await asyncio.to_thread(self.images.close)
 
     # -- sandboxes ------------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ def parse_templates(raw: dict[str, Any], config_dir: Path | None = None) -> dict
         image = values.get("image", {})
         if not isinstance(image, dict):
             raise ConfigError(f"[templates.{name}] image must be a table")
-        context = {"context_dir": str(config_dir or Path.cwd())}
+        context = {"context_dir": str((config_dir or Path.cwd()).resolve())}
         try:
             templates[name] = Template(name=name, **{**values, "image": {**image, **context}})
         except (ValidationError, TypeError) as exc:

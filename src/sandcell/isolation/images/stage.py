@@ -28,6 +28,8 @@ PYTHON = f"{VENV}/bin/python3"
 SRC = f"{RUNTIME_DIR}/src"
 # Provided by the cell itself, whatever the image has there.
 OWN_ENTRIES = frozenset({"proc", "dev", "tmp", "workspace", "run", RUNTIME_DIR.lstrip("/")})
+# The image's own filesystem's, not the image's (mkfs.ext4 makes it).
+HIDDEN_ENTRIES = frozenset({"lost+found"})
 
 
 class StageError(Exception):
@@ -79,7 +81,7 @@ def root_args(image_root: str, entries: list[str] | None = None) -> list[str]:
     """bwrap arguments that build / from the image's top-level entries, read-only."""
     args: list[str] = []
     for name in entries if entries is not None else sorted(os.listdir(image_root)):
-        if name in OWN_ENTRIES:
+        if name in OWN_ENTRIES or name in HIDDEN_ENTRIES:
             continue
         path = os.path.join(image_root, name)
         if os.path.islink(path):

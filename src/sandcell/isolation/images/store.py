@@ -1,6 +1,7 @@
 """Built images under the data dir, content-addressed and read-only (SPEC §12).
 
-    images/<digest>/rootfs        the root, owned by the host's root, never written again
+    images/<digest>/rootfs.img    the root as an ext4 image, owned by the host's root
+    images/<digest>/root          where that image is loop-mounted, read-only, for cells
     images/<digest>/image.json    digest, size, build time, the image's env and workdir
     images/tmp/                   builds under way; renamed into place when complete
     images/failed/<digest>.json   why the last build of that digest failed
@@ -8,6 +9,11 @@
 
 A build is published by one rename, so a reader sees either no image or a whole one; a
 crashed build leaves only a directory in tmp/, removed by the next build.
+
+An image is a filesystem of its own, mounted read-only: nothing (not the host's root by
+mistake) writes to it, and a cell's /proc/self/mountinfo shows a loop device and "/" for it,
+never a path of the data directory. Without root (development), the built directory
+`images/<digest>/rootfs` is used as it is.
 """
 
 from __future__ import annotations
@@ -25,9 +31,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sandcell.isolation.disk import release_workspace, run_checked
+
 State = Literal["absent", "building", "ready", "failed"]
 # Files the cell binds its own copies over: they must be plain files in the image.
 ETC_ANCHORS = ("passwd", "group", "hosts", "hostname")
+IMAGE_FILE, MOUNTED, TREE = "rootfs.img", "root", "rootfs"
+MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "root_owner=0:0")
+MOUNT_OPTIONS = "ro,loop,nosuid,nodev,noatime"
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,26 @@ class ImageStore:
         self.root.chmod(0o711)  # cells' uids traverse to the roots, never list them
 
     def rootfs(self, digest: str) -> Path:
-        return self.root / digest / "rootfs"
+        """The image's root as cells bind it: mounted on first use (a path that does not
+        exist for an image that does not)."""
+        image = self.root / digest
+        if not (image / IMAGE_FILE).exists():
+            return image / TREE
+        mounted = image / MOUNTED
+        if not os.path.ismount(mounted):
+            with self._lock_file(f"{digest}.mount") as fd:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if not os.path.ismount(mounted):
+                    run_checked(
+                        ["mount", "-o", MOUNT_OPTIONS, str(image / IMAGE_FILE), str(mounted)]
+                    )
+        return mounted
+
+    def unmount_all(self) -> None:
+        """Unmounts every image (a server stopping; cells still running keep their own
+        binds of it, and the loop device is freed when the last one goes)."""
+        for image in self.root.iterdir():
+            _unmount(image / MOUNTED)
 
     def meta(self, digest: str) -> ImageMeta | None:
         try:
@@ -81,7 +111,7 @@ class ImageStore:
         return ImageState("absent", digest)
 
     def building(self, digest: str) -> bool:
-        with self._lock_file(digest) as fd:
+        with self._lock_file(f"{digest}.lock") as fd:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -92,7 +122,7 @@ class ImageStore:
     def building_lock(self, digest: str) -> Iterator[bool]:
         """Exclusive across processes; yields False (not taken) when another process holds
         it: concurrent builds of one digest are one build."""
-        with self._lock_file(digest) as fd:
+        with self._lock_file(f"{digest}.lock") as fd:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -101,8 +131,8 @@ class ImageStore:
             yield True
 
     @contextlib.contextmanager
-    def _lock_file(self, digest: str) -> Iterator[int]:
-        fd = os.open(self.root / "locks" / f"{digest}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    def _lock_file(self, name: str) -> Iterator[int]:
+        fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             yield fd
         finally:
@@ -117,9 +147,13 @@ class ImageStore:
         return path
 
     def publish(self, staging: Path, digest: str, env: dict[str, str], workdir: str) -> ImageMeta:
-        rootfs = staging / "rootfs"
+        rootfs = staging / TREE
         _anchor(rootfs)
-        size = _seal(rootfs)
+        size, entries = _seal(rootfs)
+        if os.geteuid() == 0:
+            _make_image(rootfs, staging / IMAGE_FILE, size, entries)
+            (staging / MOUNTED).mkdir(mode=0o755)
+            _force_remove(rootfs)
         meta = ImageMeta(digest, size, time.time(), env, workdir)
         (staging / "image.json").write_text(json.dumps(asdict(meta)))
         staging.chmod(0o755)
@@ -139,6 +173,7 @@ class ImageStore:
         path = self.root / digest
         if not path.exists():
             return False
+        _unmount(path / MOUNTED)
         doomed = self.root / "tmp" / f"{digest}.removed-{secrets.token_hex(4)}"
         os.rename(path, doomed)  # gone for readers at once, deleted at leisure
         _force_remove(doomed)
@@ -161,20 +196,37 @@ def _anchor(rootfs: Path) -> None:
             path.write_text("")
 
 
-def _seal(rootfs: Path) -> int:
-    """Hands every file to the host's root (build uids are recycled for cells) and returns
-    the image's size in bytes."""
-    size, privileged = 0, os.geteuid() == 0
+def _seal(rootfs: Path) -> tuple[int, int]:
+    """Hands every file to the host's root (build uids are recycled for cells); returns the
+    image's size in bytes and its number of entries."""
+    size, entries, privileged = 0, 1, os.geteuid() == 0
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
             size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            entries += 1
             if privileged:
                 os.lchown(path, 0, 0)
     if privileged:
         os.lchown(rootfs, 0, 0)
-    return size
+    return size, entries
+
+
+def _make_image(rootfs: Path, image: Path, size: int, entries: int) -> None:
+    """An ext4 filesystem holding the tree (mkfs.ext4 -d copies it, ownership included):
+    the data with a tenth to spare, a block per entry for small files and directories."""
+    blocks = (size + size // 10 + entries * 4096 + 16 * 1024 * 1024) // 4096
+    inodes = entries + entries // 10 + 1024
+    run_checked(
+        [*MKFS, "-b", "4096", "-N", str(inodes), "-d", str(rootfs), str(image), str(blocks)]
+    )
+    image.chmod(0o600)
+
+
+def _unmount(path: Path) -> None:
+    if os.path.ismount(path):
+        release_workspace(path)  # umount, lazily if something still holds it
 
 
 def _force_remove(path: Path) -> None:
