@@ -10,7 +10,6 @@ explicit build: a broken spec should not rebuild on every request.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,6 @@ from sandcell.isolation.images.store import ImageState, ImageStore
 from sandcell.isolation.policy import CellPolicy
 from sandcell.manager.templates import Template
 
-log = logging.getLogger("sandcell.manager.images")
 HOST_IMAGE = ImageState("ready")
 # Names an image's config may not set: the daemon runs with this environment too, and these
 # would change how its loader, interpreter or sandcell itself behave.
@@ -62,6 +60,12 @@ class TemplateImages:
 
     def ready(self, template: Template) -> bool:
         return self.state(template).state == "ready"
+
+    async def policy_for(self, template: Template) -> CellPolicy:
+        """`policy` off the event loop when it has files to read (a digest, a mount)."""
+        if not template.image.built or self.store is None:
+            return template.policy()
+        return await asyncio.to_thread(self.policy, template)
 
     def policy(self, template: Template) -> CellPolicy:
         """The template's cell policy, rooted in its image; 409 until that image is ready."""

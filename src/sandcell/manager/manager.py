@@ -149,7 +149,7 @@ class Manager:
     async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
         """A started and initialised cell; on any failure nothing of it is left."""
         sandbox_id = new_sandbox_id()
-        policy = self.images.policy(template)
+        policy = await self.images.policy_for(template)
         try:
             handle: CellHandle = await self.backend.create(policy, sandbox_id, self.bootstrap_pem)
         except IsolationUnavailable as exc:

@@ -29,8 +29,8 @@ async def _admin(request: Request) -> Principal:
 async def list_templates(request: Request) -> Response:
     router = request.app.state.router
     await router.principal(request)
-    images = router.manager.images
-    views = [images.view(t) for t in router.manager.templates.values()]
+    images, templates = router.manager.images, list(router.manager.templates.values())
+    views = await asyncio.to_thread(lambda: [images.view(t) for t in templates])  # file reads
     return JSONResponse({"templates": views})
 
 
@@ -39,7 +39,8 @@ async def build_template(request: Request) -> Response:
     already under way (or just finished) is followed, not repeated."""
     await _admin(request)
     manager = request.app.state.router.manager
-    job = manager.images.build(manager.template(request.path_params["name"]))
+    template = manager.template(request.path_params["name"])
+    job = await asyncio.to_thread(manager.images.build, template)
     return StreamingResponse(_events(job), media_type=NDJSON)
 
 
