@@ -55,6 +55,18 @@ def test_a_debian_image_with_apt_and_pip_packages_runs_sandboxes(
         cell.destroy()
 
 
+def test_an_apt_package_that_does_not_exist_fails_the_bootstrap_step(
+    builder: Builder, workdir: Path
+) -> None:
+    spec = ImageSpec(
+        base="debian:bookworm", apt=("sandcell-no-such-package",), context_dir=str(workdir)
+    )
+    failed = finish(builder.start("no-package", spec))[-1]
+    assert failed["event"] == "failed" and failed["error"]["step"] == "bootstrap", failed
+    assert "sandcell-no-such-package" in "\n".join(failed["error"]["log"])
+    assert not builder.store.rootfs(digest(spec)).exists()
+
+
 @pytest.mark.skipif(
     not os.environ.get("SANDCELL_TEST_CODE_INTERPRETER"),
     reason="the code-interpreter image takes minutes; set SANDCELL_TEST_CODE_INTERPRETER=1",
