@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -41,10 +42,12 @@ def _nothing_leaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     assert_nothing_leaked(before, tmp_path_factory.getbasetemp())
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
+@contextlib.contextmanager
+def redis_server(
+    workdir: Path, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A real Redis server on loopback (a free port by default): (its process, its URL)."""
+    port = port or _free_port()
     log = workdir / "server.log"
     args = ["--save", "", "--appendonly", "no", "--port", str(port), "--bind", "127.0.0.1"]
     with log.open("wb") as out:
@@ -64,7 +67,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     raise RuntimeError(f"redis server did not start:\n{log.read_text()}") from None
                 time.sleep(0.02)
         client.close()
-        yield url
+        yield proc, url
     finally:
         proc.terminate()
         try:
@@ -72,6 +75,21 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as (_, url):
+        yield url
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A Redis server of the test's own, for tests that stop it."""
+    workdir = tmp_path / "redis"
+    workdir.mkdir()
+    with redis_server(workdir) as server:
+        yield server
 
 
 @pytest.fixture

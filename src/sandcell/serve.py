@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 
+from sandcell import tokens
+from sandcell.banner import print_banner, store_label
+from sandcell.http.guard import guarded_protocol
+from sandcell.logs import configure as configure_logging
+from sandcell.logs import counted, quiet_repeats
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.manager import Manager, load_bootstrap_key
-from sandcell.router.app import Limits, Router, create_app
+from sandcell.network.egress import EgressService, policy_from_store
+from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
+from sandcell.router.network import PreviewHosts
 from sandcell.settings import Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
+from sandcell.store import health as store_health
 
 
 @contextlib.asynccontextmanager
@@ -28,9 +40,13 @@ async def opened_store(settings: Settings) -> AsyncIterator[Store]:
 
 
 @contextlib.asynccontextmanager
-async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
+async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Backend]:
     if settings.backend == "local":
-        yield LocalBackend(settings.cells_dir)
+        egress = EgressService(policy_from_store(store))
+        try:
+            yield LocalBackend(settings.cells_dir, egress=egress)
+        finally:
+            await egress.close()
         return
     from sandcell.manager.k8s.backend import KubernetesBackend  # lightkube only when used
 
@@ -42,60 +58,145 @@ async def opened_backend(settings: Settings) -> AsyncIterator[Backend]:
 
 
 KEEP_ALIVE_S = 75
+# After SIGTERM or SIGINT, requests in flight get this long to finish; then they are cut.
+GRACE_S = 10.0
+STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start
+log = logging.getLogger("sandcell.serve")
 
 
-class JsonFormatter(logging.Formatter):
-    FIELDS = ("request_id", "status", "route", "duration_ms")
+@dataclass(frozen=True)
+class ServeOptions:
+    """What only the command line says about a run (the rest is in `Settings`)."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 3),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update({k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+    config: Path | None = None  # named in the banner's hint, so keys land in the same store
+    log_level: str = "info"
+    access_log: bool = True
+    cleanup_on_exit: bool = False
 
 
-def configure_logging(log_format: str) -> None:
-    handler = logging.StreamHandler()
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
+class Server(uvicorn.Server):
+    """uvicorn's server, announcing itself once bound, with signals left to `serve`: uvicorn
+    re-raises a caught SIGTERM once it has stopped, which kills the process before the store is
+    closed (a SQLite -wal and -shm file stay behind)."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            await self._on_started()
+
+
+def _on_signal(server: Server, sig: signal.Signals) -> None:
+    if server.should_exit:
+        log.info(
+            "%s: already shutting down (at most %.0f s for requests in flight)", sig.name, GRACE_S
+        )
+        return
+    log.info(
+        "shutting down (%s): no new connections; requests in flight get up to %.0f s",
+        sig.name,
+        GRACE_S,
+        extra={"signal": sig.name},
+    )
+    server.should_exit = True
+
+
+async def _farewell(manager: Manager, cleanup: bool) -> None:
+    """After the server stopped (the warm pools are drained): say what stays running."""
+    try:
+        ids = await manager.shutdown(delete_sandboxes=cleanup)
+    except Exception as exc:
+        log.warning("could not account for live sandboxes at exit: %s", exc)
+        return
+    if cleanup:
+        deleted = counted(len(ids), "sandbox", "sandboxes")
+        log.info("deleted %s (--cleanup-on-exit)", deleted, extra={"deleted": len(ids)})
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger("sandcell")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+        log.info(
+            "%s running for the next start to adopt",
+            counted(len(ids), "sandbox stays", "sandboxes stay"),
+            extra={"staying": len(ids)},
+        )
 
 
-async def serve(settings: Settings) -> None:
-    configure_logging(settings.log_format)
-    async with opened_store(settings) as store, opened_backend(settings) as backend:
+async def _bootstrap_key(store: Store, settings: Settings) -> tokens.PrivateKey:
+    try:
+        return await load_bootstrap_key(store)
+    except STORE_OUTAGES as exc:
+        unreachable = f"cannot start: the store {store_label(settings)} is unreachable"
+        log.error("%s: %s", unreachable, exc)  # noqa: TRY400 (a clear line, not a traceback)
+        raise SystemExit(STARTUP_FAILURE) from None
+
+
+@contextlib.asynccontextmanager
+async def _watching(server: Server, store: Store) -> AsyncIterator[None]:
+    """While serving: SIGTERM and SIGINT stop the server gracefully; store outages are told."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, server, sig)
+    watcher = asyncio.ensure_future(store_health.watch(store))
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def serve(settings: Settings, options: ServeOptions | None = None) -> None:
+    options = options or ServeOptions()
+    configure_logging(settings.log_format, options.log_level, options.access_log)
+    async with opened_store(settings) as store, opened_backend(settings, store) as backend:
         manager = Manager(
             store,
             backend,
             settings.templates,
-            await load_bootstrap_key(store),
+            await _bootstrap_key(store, settings),
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
             images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
         )
-        limits = Limits(settings.max_inflight, settings.max_sandboxes_per_key)
-        app = create_app(Router(store, manager, limits))
+        limits = Limits(
+            settings.max_inflight,
+            settings.max_sandboxes_per_key,
+            settings.max_inflight_per_key,
+            settings.body_budget_bytes,
+            settings.body_budget_per_key_bytes,
+        )
+        router = Router(store, manager, limits)
+        if isinstance(backend, LocalBackend) and backend.egress is not None:
+            backend.egress.metrics.register(router.metrics.registry)
+        app = create_app(router)
+        if settings.preview_domain:
+            app = PreviewHosts(app, settings.preview_domain)
         config = uvicorn.Config(
             app,
             host=settings.host,
             port=settings.port,
-            loop="uvloop",
-            http="httptools",
-            access_log=False,
+            loop="none",  # the caller runs uvloop already (uvicorn sets a loop up only in run())
+            http=guarded_protocol(settings.connections),
+            access_log=False,  # sandcell.access logs requests, with their ids
+            log_config=None,  # logs.configure routes uvicorn's records too
             log_level="warning",
             lifespan="on",
             # Longer than any client's idle pool timeout: a server closing an idle keep-alive
             # connection while a client reuses it loses that request (httpx keeps 5 s).
             timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=GRACE_S,
         )
-        await uvicorn.Server(config).serve()
+        quiet_repeats()  # after uvicorn.Config has set up its loggers
+        loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        server = Server(config, lambda: print_banner(settings, options.config, loop_name))
+        async with _watching(server, store):
+            await server.serve()
+        if not server.started:  # the manager could not start; uvicorn logged why
+            raise SystemExit(STARTUP_FAILURE)
+        await _farewell(manager, options.cleanup_on_exit)
+    log.info("store closed; stopped")

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandcell.http.limits import ConnectionLimits
 from sandcell.manager.k8s.config import KubernetesConfig, parse_kubernetes
 from sandcell.manager.templates import ConfigError, Template, load_config, parse_templates
 
 DEFAULT_HOST = "127.0.0.1"
+_DOMAIN = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))+")
 DEFAULT_PORT = 8700
 BACKENDS = ("local", "kubernetes")
 SERVER_KEYS = {
@@ -23,7 +26,17 @@ SERVER_KEYS = {
     "log_format",
     "reap_interval_s",
     "init_timeout_s",
+    "preview_domain",
+    "header_timeout_s",
+    "max_header_bytes",
+    "body_timeout_s",
+    "min_body_rate",
+    "max_connections",
+    "max_inflight_per_key",
+    "body_budget_bytes",
+    "body_budget_per_key_bytes",
 }
+MIB = 1_048_576
 
 
 def default_data_dir() -> Path:
@@ -47,6 +60,11 @@ class Settings:
     templates: dict[str, Template] = field(default_factory=dict)
     backend: str = "local"
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    preview_domain: str = ""  # "{port}-{sandbox id}.{preview_domain}" reaches exposed ports
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    max_inflight_per_key: int = 0  # 0: a quarter of max_inflight
+    body_budget_bytes: int = 128 * MIB
+    body_budget_per_key_bytes: int = 32 * MIB
 
     @property
     def cells_dir(self) -> Path:
@@ -76,9 +94,16 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         templates=parse_templates(raw, config.parent if config else None),
         backend=str(server.get("backend", "local")),
         kubernetes=parse_kubernetes(raw),
+        preview_domain=str(server.get("preview_domain", "")).lower().strip("."),
+        connections=_connection_limits(server),
+        max_inflight_per_key=_int(server, "max_inflight_per_key", 0, 0, 1_000_000),
+        body_budget_bytes=_int(server, "body_budget_bytes", 128 * MIB, MIB, 1 << 40),
+        body_budget_per_key_bytes=_int(server, "body_budget_per_key_bytes", 32 * MIB, MIB, 1 << 40),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
+    if settings.preview_domain and not _DOMAIN.fullmatch(settings.preview_domain):
+        raise ConfigError("[server] preview_domain must be a DNS name, e.g. preview.example.com")
     if settings.backend not in BACKENDS:
         raise ConfigError(f"[server] backend must be one of {list(BACKENDS)}")
     return settings
@@ -89,3 +114,21 @@ def _int(table: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise ConfigError(f"[server] {key} must be an integer in [{lo}, {hi}]")
     return value
+
+
+def _connection_limits(server: dict[str, Any]) -> ConnectionLimits:
+    defaults = ConnectionLimits()
+    return ConnectionLimits(
+        header_timeout_s=_seconds(server, "header_timeout_s", defaults.header_timeout_s),
+        max_header_bytes=_int(server, "max_header_bytes", defaults.max_header_bytes, 4096, 1 << 24),
+        body_timeout_s=_seconds(server, "body_timeout_s", defaults.body_timeout_s),
+        min_body_rate=_int(server, "min_body_rate", defaults.min_body_rate, 1, 1 << 40),
+        max_connections=_int(server, "max_connections", defaults.max_connections, 0, 1_000_000),
+    )
+
+
+def _seconds(table: dict[str, Any], key: str, default: float) -> float:
+    value = table.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 3600:
+        raise ConfigError(f"[server] {key} must be a number of seconds in (0, 3600]")
+    return float(value)

@@ -208,9 +208,13 @@ def assert_nothing_left(factory: CellFactory) -> None:
     driver = cgroups.detect(factory.parent)
     assert driver.list_names() == [], f"cgroups left under {factory.parent}"
     assert mounts_under(factory.root) == [], "mounts left behind"
-    assert wait_until(lambda: not processes_of_uids(factory.uids), 5), (
-        f"processes of the cells' uids left: {processes_of_uids(factory.uids)}"
-    )
+
+    def left() -> dict[int, str]:
+        """Uids are recycled: another sandcell's cell may hold one of ours by now."""
+        procs = processes_of_uids(factory.uids)
+        return {p: c for p, c in procs.items() if not foreign_cell(p, [factory.parent])}
+
+    assert wait_until(lambda: not left(), 5), f"processes of the cells' uids left: {left()}"
 
 
 # -- fixtures ------------------------------------------------------------------------------

@@ -19,7 +19,14 @@ import pytest
 from cells.conftest import CellFactory, mounts_under, new_cgroup_parent, requires_cells
 from sandcell import tokens
 from sandcell.isolation import cgroups
-from sandcell.isolation.cell import CellError, LocalCells, new_cell_id
+from sandcell.isolation.cell import (
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_COUNT,
+    UID_REGISTRY,
+    CellError,
+    LocalCells,
+    new_cell_id,
+)
 from sandcell.isolation.policy import LAYERS, CellPolicy, IsolationUnavailable
 
 NOBODY = 65534
@@ -134,6 +141,16 @@ def test_cgroups_unavailable_to_an_unprivileged_caller_names_the_layer(
 
 
 @requires_cells
+def test_an_unprivileged_caller_gets_a_cell_where_layers_may_degrade(
+    unprivileged: tuple[Path, str],
+) -> None:
+    """The non-root launch (no stage, no uid change) still starts a cell, and destroys it."""
+    cells_dir, parent = unprivileged
+    result = create_as_nobody(cells_dir, parent, ["disk_quota", "cgroups"])
+    assert result == {"outcome": "created", "left": []}
+
+
+@requires_cells
 def test_invalid_cgroup_parent_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     for parent in ("../escape", "a/b", "", "x" * 200, "sandcell test"):
         with pytest.raises(ValueError, match="cgroup name"):
@@ -154,6 +171,21 @@ def factory_fc(tmp_path: Path) -> Iterator[CellFactory]:
 
 
 @requires_cells
+def test_a_socket_path_too_long_fails_cleanly(tmp_path: Path) -> None:
+    """The manager binds the daemon's socket itself: a too deep cells directory is a clear
+    CellError before anything starts, and nothing is left."""
+    parent = new_cgroup_parent()
+    cells = LocalCells(tmp_path / ("d" * 100) / "cells", cgroup_parent=parent)
+    try:
+        with pytest.raises(CellError, match=r"daemon's socket.*too long"):
+            cells.create(new_cell_id(), CellPolicy(memory_mb=128, disk_mb=16), "sbx-x", _pem())
+    finally:
+        cgroups.detect(parent).destroy_all()
+    assert list(cells.cells_dir.iterdir()) == []
+    assert mounts_under(tmp_path) == []
+
+
+@requires_cells
 def test_a_cell_that_cannot_start_leaves_nothing_behind(factory_fc: CellFactory) -> None:
     """Memory too small for the daemon itself: start-up fails, and the cleanup is complete."""
     cells = factory_fc.cells
@@ -167,7 +199,11 @@ def test_a_cell_that_cannot_start_leaves_nothing_behind(factory_fc: CellFactory)
 @requires_cells
 def test_out_of_cell_uids_fails_cleanly(tmp_path: Path) -> None:
     parent = new_cgroup_parent()
-    cells = LocalCells(tmp_path / "cells", cgroup_parent=parent, uid_count=1)
+    # One uid, from the top of the range: the bottom is where other sandcells on this host
+    # (a server, another test session) take theirs.
+    top = DEFAULT_UID_BASE + DEFAULT_UID_COUNT - 1
+    base = next(u for u in range(top, top - 100, -1) if not (UID_REGISTRY / str(u)).exists())
+    cells = LocalCells(tmp_path / "cells", cgroup_parent=parent, uid_base=base, uid_count=1)
     first = new_cell_id()
     try:
         cells.create(first, CellPolicy(memory_mb=128, disk_mb=16), "sbx-1", _pem())

@@ -152,7 +152,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_commands_are_the_oom_killers_first_choice(client: DaemonClient):
-    assert client.exec("cat /proc/self/oom_score_adj")["stdout"] == "500\n"
+    assert client.exec("cat /proc/self/oom_score_adj")["stdout"] == "1000\n"
 
 
 def test_result_json_is_encoded_piecewise_and_exact():

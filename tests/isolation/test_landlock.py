@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from sandcell.isolation.landlock import abi_version
 
-PYTHON = "/work/main/.venv/bin/python"
+PYTHON = sys.executable  # this checkout's interpreter, wherever it lives
 
 CHILD = """
     import errno, json, os, socket, sys

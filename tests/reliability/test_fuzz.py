@@ -39,7 +39,13 @@ DERANDOMIZE = os.environ.get("SANDCELL_FUZZ_RANDOM") != "1"
 CASE_TIMEOUT_S = 30
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 PROXIED = ("/health", "/init", "/openapi.json")  # the daemon's paths the router never proxies
-NOT_ON_THE_HOST = {("POST", "/v1/exec")}  # random commands run only inside a cell
+# Random commands run only inside a cell; so do port relays (on the host, a bare daemon's
+# 127.0.0.1 is the host's: its services are no fuzzing target).
+NOT_ON_THE_HOST = {("POST", "/v1/exec")} | {
+    (method, "/v1/ports/{port}/{path}") for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
+}
+# SPEC §11: nothing listening on an exposed port is a 502, by contract.
+PORT_PATHS = ("/v1/ports/", "/p/", "/_preview-host/", "/v1/sandboxes/{sandbox_id}/ports/")
 
 
 # -- the OpenAPI documents -----------------------------------------------------------------------
@@ -144,6 +150,9 @@ def _prepare(case: schemathesis.Case, base_url: str) -> httpx.Request | None:
 
 
 def _judge(case: schemathesis.Case, response: httpx.Response, validate: bool) -> None:
+    if response.status_code == 502 and case.path.startswith(PORT_PATHS):
+        assert response.json()["error"]["code"] == "SANDBOX_UNREACHABLE", response.text
+        return
     assert response.status_code < 500, (
         f"{case.method} {case.formatted_path} -> {response.status_code} {response.text[:300]}"
         f"\n{case.as_curl_command()}"

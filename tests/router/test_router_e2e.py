@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -71,7 +73,8 @@ def test_lifecycle_exec_stream_and_files(server, alice):
         assert [s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]] == [sbx["id"]]
         assert c.delete(base).status_code == 204
         assert c.get(base).status_code == 404
-        assert c.delete(base).status_code == 204  # idempotent
+        gone = c.delete(base)  # nothing left to delete, and the answer says so
+        assert gone.status_code == 404 and _code(gone) == "SANDBOX_NOT_FOUND"
 
 
 @pytest.mark.slow
@@ -113,7 +116,10 @@ def test_other_principal_sees_nothing(server, alice, bob):
         ):
             assert r.status_code == 404 and _code(r) == "SANDBOX_NOT_FOUND"
         assert b.get("/v1/sandboxes").json()["sandboxes"] == []
-        assert b.delete(base).status_code == 204
+        not_bobs = b.delete(base)
+        assert not_bobs.status_code == 404 and _code(not_bobs) == "SANDBOX_NOT_FOUND"
+        never = b.delete("/v1/sandboxes/sbx-0000000000000000")  # the answer reveals nothing:
+        assert never.json() == json.loads(not_bobs.text.replace(sbx["id"], "sbx-0000000000000000"))
         assert a.post(f"{base}/exec", json={"command": "true"}).status_code == 200  # untouched
         assert sbx["id"] in [s["id"] for s in adm.get("/v1/sandboxes").json()["sandboxes"]]
         assert a.delete(base).status_code == 204
@@ -142,8 +148,8 @@ def test_api_key_brute_force_is_rate_limited(server, alice):
         assert statuses[0] == 401 and statuses[-1] == 429
         r = c.get("/v1/sandboxes")
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
-    with client(alice) as c:  # blocked means blocked: a right guess would otherwise show
-        assert c.get("/v1/sandboxes").status_code == 429
+    with client(alice) as c:  # a valid key from the same address is still served
+        assert c.get("/v1/sandboxes").status_code == 200
     with server.client(alice) as c:  # other addresses are unaffected
         assert c.get("/v1/sandboxes").status_code == 200
 
@@ -249,3 +255,56 @@ def test_sigkill_and_restart_loses_nothing_and_leaks_nothing(tmp_path):
     finally:
         second.stop()
     assert _cells(data) == set()
+
+
+def test_the_sandbox_limit_holds_under_concurrent_creates(tmp_path):
+    """Nine creates at once against a limit of three: three sandboxes, six 429s (counting
+    first and creating after would let all nine through)."""
+    config = "[server]\nmax_sandboxes_per_key = 3\n" + SMALL_TEMPLATE.format(warm_pool=0)
+    server = start_server(tmp_path / "data", config_text=config)
+    try:
+        key = server.create_key("alice")
+        barrier = threading.Barrier(9, timeout=10)
+
+        def create(_: int) -> httpx.Response:
+            with server.client(key) as c:
+                c.get("/healthz")  # connected before the barrier: the creates really race
+                barrier.wait()
+                return c.post("/v1/sandboxes", json={})
+
+        with ThreadPoolExecutor(9) as pool:
+            replies = list(pool.map(create, range(9)))
+        assert sorted(r.status_code for r in replies) == [201] * 3 + [429] * 6
+        assert {_code(r) for r in replies if r.status_code == 429} == {"RATE_LIMITED"}
+        with server.client(key) as c:
+            assert len(c.get("/v1/sandboxes").json()["sandboxes"]) == 3
+            for r in replies:
+                if r.status_code == 201:
+                    assert c.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
+            again = _create(c)  # the slots came back
+            c.delete(f"/v1/sandboxes/{again['id']}")
+    finally:
+        server.stop()
+    assert _cells(server.data_dir) == set()
+
+
+def test_a_create_whose_store_dies_leaves_no_cell(tmp_path, own_redis):
+    """Redis dies while the cell starts: the answer is a retryable 503 and the cell is
+    destroyed although the store cannot be told anything."""
+    redis_proc, url = own_redis
+    config = f'[server]\nstore = "{url}"\n' + SMALL_TEMPLATE.format(warm_pool=0)
+    server = start_server(tmp_path / "data", config_text=config)
+    try:
+        key = server.create_key("alice")
+        with server.client(key) as c, ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(c.post, "/v1/sandboxes", json={})
+            deadline = time.monotonic() + 20
+            while not _cells(server.data_dir):  # the slot is reserved, the cell is starting
+                assert time.monotonic() < deadline, reply.result().text
+                time.sleep(0.005)
+            redis_proc.kill()
+            r = reply.result()
+        assert r.status_code == 503 and _code(r) == "OVERLOADED", r.text
+        assert _cells(server.data_dir) == set()
+    finally:
+        server.stop()

@@ -48,8 +48,8 @@ async def test_lifecycle_create_info_keepalive_list_connect_kill(
         assert other.id == sbx.id and other.last_info.metadata == {"owner": "tests"}
         await flavour(other.close())
     finally:
-        await flavour(sbx.kill())
-    await flavour(sbx.kill())  # idempotent
+        assert await flavour(sbx.kill()) is True
+    assert await flavour(sbx.kill()) is False  # nothing left to do, and it says so
     with pytest.raises(SandboxNotFoundError):
         await flavour(sbx.info())
     with pytest.raises(SandboxNotFoundError):

@@ -37,6 +37,7 @@ async def test_key_layout(store: RedisStore, client: redis.Redis) -> None:
     await store.put_secret_if_absent("bootstrap", b"k")
     assert sorted(k.decode() for k in client.scan_iter()) == [
         "sandcell:apikey:{" + "ab" * 32 + "}",
+        "sandcell:quota:{alice}",
         "sandcell:sbx:{s1}",
         "sandcell:secret:{bootstrap}",
         "sandcell:{apikeys}:names",
@@ -105,6 +106,7 @@ async def test_indexes_tolerate_a_hash_deleted_behind_their_back(
     client.zadd(owner_index, {"gone": now - STALE_GRACE_S - 1})  # as if written a while ago
     assert await store.count_sandboxes("alice") == 1
     assert client.zscore(owner_index, "gone") is None
+    assert client.zscore("sandcell:quota:{alice}", "gone") is None  # its slot is free again
 
     assert not await store.delete_sandbox("gone")
     assert await store.delete_sandbox("kept")

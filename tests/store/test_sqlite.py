@@ -7,6 +7,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,25 @@ def test_schema_is_versioned_and_newer_is_refused(db: Path, sealer: Sealer) -> N
     conn.close()
     with pytest.raises(RuntimeError, match="newer than this sandcell supports"):
         SQLiteStore(db, sealer)
+
+
+def test_a_version_1_file_is_upgraded_in_place(db: Path, sealer: Sealer) -> None:
+    """Files from before reservations and egress policies gain the table and the column,
+    and keep their sandboxes."""
+    store = SQLiteStore(db, sealer)
+    asyncio.run(store.put_sandbox(make_sandbox("old", expires_at=time.time() + 3600)))
+    asyncio.run(store.close())
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE reservations")
+        conn.execute("ALTER TABLE sandboxes DROP COLUMN network")
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    store = SQLiteStore(db, sealer)
+    old = asyncio.run(store.get_sandbox("old"))
+    assert old is not None and old.network == {}
+    assert asyncio.run(store.reserve_sandbox("alice", 1)) is None  # "old" holds the one slot
+    assert asyncio.run(store.reserve_sandbox("alice", 2)) is not None
+    asyncio.run(store.close())
 
 
 def test_reaper_and_owner_queries_use_indexes(db: Path, sealer: Sealer) -> None:

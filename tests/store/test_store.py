@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 
 from sandcell.store import (
     ApiKeyExistsError,
     ApiKeyRecord,
+    SandboxRecord,
     Sealer,
     Store,
     StoreCryptoError,
@@ -18,10 +22,12 @@ from sandcell.store import (
     new_api_key,
     open_store,
 )
+from sandcell.store import base as store_base
 
 from .helpers import T0, Raw, make_sandbox, new_pem
 
 pytestmark = pytest.mark.anyio
+T = TypeVar("T")
 
 
 def _api_key(name: str, principal: str = "alice", admin: bool = False) -> ApiKeyRecord:
@@ -197,17 +203,18 @@ async def test_secrets_are_sealed_and_first_writer_wins(store: Store, raw: Raw) 
     assert b"first-secret-value" not in raw.dump()
 
 
-def test_put_secret_if_absent_race_between_replicas(store_url: str, sealer: Sealer) -> None:
-    """20 replicas (own thread, loop and connection each) start at once; one value wins."""
-    replicas = 20
+def _race(
+    store_url: str, sealer: Sealer, replicas: int, step: Callable[[Store, int], Awaitable[T]]
+) -> list[T]:
+    """Runs `step` in `replicas` replicas (own thread, loop and connection each) at once."""
     barrier = threading.Barrier(replicas, timeout=10)
-    results: list[bytes | BaseException] = [b""] * replicas
+    results: list[Any] = [None] * replicas
 
-    async def replica(i: int) -> bytes:
+    async def replica(i: int) -> T:
         async with open_store(store_url, sealer) as store:
             await store.ping()
             barrier.wait()  # blocks this replica's own loop only
-            return await store.put_secret_if_absent("bootstrap", f"key-{i}".encode())
+            return await step(store, i)
 
     def run(i: int) -> None:
         try:
@@ -220,9 +227,64 @@ def test_put_secret_if_absent_race_between_replicas(store_url: str, sealer: Seal
         t.start()
     for t in threads:
         t.join(timeout=30)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    return results
+
+
+def test_put_secret_if_absent_race_between_replicas(store_url: str, sealer: Sealer) -> None:
+    """20 replicas start at once; one value wins."""
+    results = _race(
+        store_url,
+        sealer,
+        20,
+        lambda store, i: store.put_secret_if_absent("bootstrap", f"key-{i}".encode()),
+    )
     assert len(set(results)) == 1, results
-    assert isinstance(results[0], bytes)
     assert results[0].startswith(b"key-")
+
+
+def test_reservations_hold_the_limit_under_a_race(store_url: str, sealer: Sealer) -> None:
+    """Nine creates of one owner reserve at once, from nine connections: three slots, three
+    winners, whatever the interleaving; another owner is not affected."""
+    results = _race(store_url, sealer, 9, lambda store, _: store.reserve_sandbox("alice", 3))
+    assert sum(r is not None for r in results) == 3, results
+    results = _race(store_url, sealer, 2, lambda store, _: store.reserve_sandbox("bob", 3))
+    assert all(r is not None for r in results)
+
+
+def _future_sandbox(sandbox_id: str) -> SandboxRecord:
+    return make_sandbox(sandbox_id, expires_at=time.time() + 3600)
+
+
+async def test_reservation_lifecycle(store: Store) -> None:
+    await store.put_sandbox(_future_sandbox("live"))
+    await store.put_sandbox(make_sandbox("overdue"))  # past its lifetime: the reaper's now
+    first = await store.reserve_sandbox("alice", 3)
+    second = await store.reserve_sandbox("alice", 3)
+    assert first is not None and second is not None
+    assert await store.reserve_sandbox("alice", 3) is None  # 1 sandbox + 2 creates in flight
+
+    await store.release_reservation(second)  # that create failed: its slot is free again
+    third = await store.reserve_sandbox("alice", 3)
+    assert third is not None
+    await store.release_reservation(second)  # twice is harmless
+
+    # A record takes its reservation's place: counted once, neither twice nor zero times.
+    await store.put_sandbox(_future_sandbox("new"), first)
+    await store.release_reservation(first)  # consumed already: no effect
+    assert await store.reserve_sandbox("alice", 3) is None
+    assert await store.delete_sandbox("new")
+    assert await store.reserve_sandbox("alice", 3) is not None
+
+
+async def test_a_lost_reservation_ends_with_its_lease(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that died mid-create never gives its slot back: the lease does."""
+    monkeypatch.setattr(store_base, "RESERVATION_LEASE_S", 0.0)
+    assert await store.reserve_sandbox("alice", 1) is not None
+    assert await store.reserve_sandbox("alice", 1) is not None
 
 
 async def test_concurrent_tasks_share_one_store(store: Store) -> None:

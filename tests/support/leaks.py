@@ -1,22 +1,22 @@
 """The session-wide leak check: nothing of sandcell that a test session made may outlive it.
 
 `HostSnapshot.take()` at session start, `assert_nothing_leaked(before, basetemp)` at its end.
-What counts as a leak, when it was not there at the start:
+Everything a session makes lives under its temporary directory (`basetemp`): cells dirs, data
+dirs, sockets. The check blames only what it can attribute to that directory, so other sandcell
+instances on the host (a developer's server, another clone's test run) are never blamed, even
+when they start cells while this session runs. A cell is this session's when its directory is
+under `basetemp`, which one of these shows: its workspace mount, the claim in the host-wide uid
+registry (`/run/sandcell-uids/<uid>` names the claiming cell's directory), or the directory
+itself. What counts as a leak, when it was not there at the start:
 
-* a live (non-zombie) process of a cell: `sandcell.daemon` or `bwrap` in its command line, run
-  by a cell uid (200000-209999);
-* any live process whose command line names the session's temporary directory (a `sandcell
-  serve`, a bare daemon, a Redis server that a test started and did not stop);
-* a cgroup of a cell (`<...>/sandcell*/cell-*`) or a test parent (`<...>/sandcell-test-*`) in
-  any hierarchy under /sys/fs/cgroup;
-* a loop mount of a cell's workspace (`*/cells/*/workspace` in /proc/mounts);
-* a listening unix socket under the session's temporary directory;
-* a cell directory left in a `cells` directory under the session's temporary directory.
-
-The host may run other sandcell instances at the same time (a developer's server, another
-session's suite): a cell whose workspace is mounted from a `cells` directory that existed before
-this session, or from another pytest session's temporary directory, is theirs, and is ignored
-along with its cgroups and processes.
+* a live (non-zombie) process of one of those cells: run by its claimed uid, or in its cgroup;
+* any live process whose command line names `basetemp` (a `sandcell serve`, a bare daemon, a
+  Redis server that a test started and did not stop);
+* the cgroup of one of those cells (`<...>/sandcell*/cell-<id>`) in any hierarchy;
+* a test parent cgroup (`<...>/sandcell-test-*`) holding one of those cells, or left empty
+  while no other test session runs on the host (an empty one names no one);
+* a loop mount of one of those cells' workspaces, a listening unix socket under `basetemp`, a
+  cell directory left in a `cells` directory under `basetemp`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandcell.isolation.cell import UID_REGISTRY
+
 CELL_UIDS = range(200_000, 210_000)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_MAX_DEPTH = 8
 _CELL_ID = re.compile(r"^c[0-9a-z-]{1,63}$")
-_PYTEST_BASETEMP = re.compile(r"/pytest-of-[^/]+/pytest-\d+(?=/)")
 _WORKSPACE_MOUNT = re.compile(r"^(?P<cells>.*/cells)/(?P<cell>[^/]+)/workspace$")
 
 
@@ -141,41 +142,82 @@ class HostSnapshot:
     processes: frozenset[tuple[int, int]]
     cgroups: frozenset[str]
     mounts: frozenset[str]
-    cells_dirs: frozenset[str]  # `cells` directories in use before the session: not ours
     sockets: frozenset[str]
 
     @classmethod
     def take(cls) -> HostSnapshot:
-        mounts = workspace_mounts()
         return cls(
             processes=frozenset(p.key for p in live_processes()),
             cgroups=frozenset(sandcell_cgroups()),
-            mounts=frozenset(mounts),
-            cells_dirs=frozenset(_WORKSPACE_MOUNT.match(m)["cells"] for m in mounts),
+            mounts=frozenset(workspace_mounts()),
             sockets=frozenset(listening_unix_sockets()),
         )
 
 
-def _foreign_cells(before: HostSnapshot, basetemp: Path) -> set[str]:
-    """Cells that belong to another sandcell instance on this host."""
-    ours = str(basetemp)
-    foreign = set()
-    for mountpoint, cell in workspace_mounts().items():
-        cells_dir = _WORKSPACE_MOUNT.match(mountpoint)["cells"]
-        other_session = _PYTEST_BASETEMP.search(mountpoint) and not mountpoint.startswith(ours)
-        if cells_dir in before.cells_dirs or other_session:
-            foreign.add(cell)
-    return foreign
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
 
 
-def _own_lineage() -> set[int]:
-    pids, pid = set(), os.getpid()
+@dataclass(frozen=True)
+class Ours:
+    """The cells of this session found on the host, and the host uids they claim."""
+
+    cells: frozenset[str]
+    uids: frozenset[int]
+
+    @classmethod
+    def find(cls, basetemp: Path) -> Ours:
+        root = str(basetemp)
+        cells = {cell for mount, cell in workspace_mounts().items() if _under(mount, root)}
+        cells.update(os.path.basename(d) for d in leftover_cell_dirs(basetemp))
+        uids = set()
+        for claim in _claims():
+            cell_dir = _read(str(claim)).decode(errors="replace")
+            if _under(cell_dir, root):
+                cells.add(os.path.basename(cell_dir))
+                uids.add(int(claim.name))
+        return cls(frozenset(cells), frozenset(uids))
+
+    def has(self, p: Process) -> bool:
+        return is_cell_process(p) and (p.uid in self.uids or p.cgroup_cell in self.cells)
+
+
+def _claims() -> list[Path]:
+    try:
+        return [c for c in UID_REGISTRY.iterdir() if c.name.isdigit()]
+    except OSError:
+        return []
+
+
+def _ancestry(pid: int) -> set[int]:
+    pids = set()
     while pid > 1 and pid not in pids:
         pids.add(pid)
         stat = _read(f"/proc/{pid}/stat")
         fields = stat[stat.rfind(b")") + 2 :].split()
         pid = int(fields[1]) if len(fields) > 1 else 0
     return pids
+
+
+def other_test_sessions() -> list[int]:
+    """Pids of pytest processes that are neither this session's ancestors nor descendants."""
+    me = os.getpid()
+    lineage = _ancestry(me)
+    return [
+        p.pid
+        for p in live_processes()
+        if "pytest" in p.cmdline and p.pid not in lineage and me not in _ancestry(p.pid)
+    ]
+
+
+def _test_parent_leaked(path: str, ours: Ours) -> bool:
+    try:
+        children = [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False  # gone meanwhile
+    if children:
+        return any(c.removeprefix("cell-") in ours.cells for c in children)
+    return not other_test_sessions()
 
 
 def leftover_cell_dirs(basetemp: Path) -> list[str]:
@@ -190,25 +232,28 @@ def leftover_cell_dirs(basetemp: Path) -> list[str]:
 def find_leaks(before: HostSnapshot, basetemp: Path) -> list[str]:
     """What this session left on the host, one line each (empty: nothing)."""
     basetemp = basetemp.resolve()
-    foreign = _foreign_cells(before, basetemp)
-    ours = str(basetemp)
-    lineage = _own_lineage()
+    root = str(basetemp)
+    ours = Ours.find(basetemp)
+    lineage = _ancestry(os.getpid())
     leaks = []
     for p in live_processes():
-        if p.key in before.processes or p.pid in lineage or p.cgroup_cell in foreign:
+        if p.key in before.processes or p.pid in lineage:
             continue
-        if is_cell_process(p) or ours in p.cmdline:
+        if ours.has(p) or root in p.cmdline:
             leaks.append(f"process {p.pid} (uid {p.uid}): {p.cmdline[:200]}")
     for path in sorted(sandcell_cgroups() - before.cgroups):
         name = os.path.basename(path)
-        if name.startswith("cell-") and name[len("cell-") :] in foreign:
-            continue
-        leaks.append(f"cgroup {path}")
+        if name.startswith("sandcell-test-"):
+            leaked = _test_parent_leaked(path, ours)
+        else:
+            leaked = name.removeprefix("cell-") in ours.cells
+        if leaked:
+            leaks.append(f"cgroup {path}")
     for mountpoint, cell in sorted(workspace_mounts().items()):
-        if mountpoint not in before.mounts and cell not in foreign:
+        if mountpoint not in before.mounts and cell in ours.cells:
             leaks.append(f"mount {mountpoint}")
     for path in sorted(listening_unix_sockets() - before.sockets):
-        if path.startswith(ours):
+        if _under(path, root):
             leaks.append(f"listening socket {path}")
     leaks.extend(f"cell directory {d}" for d in leftover_cell_dirs(basetemp))
     return leaks

@@ -9,17 +9,24 @@ def daemon_args(
     *,
     uds: str | None = None,
     listen: str | None = None,
+    fd: int | None = None,
     disk_quota_mb: int,
     inherit_env: Sequence[str],
     landlock: bool = False,
     deny_tcp: bool = False,
 ) -> list[str]:
-    """Arguments after the entry point (`python -m sandcell.daemon` or `sandcell daemon`)."""
-    if (uds is None) == (listen is None):
-        raise ValueError("exactly one of uds and listen")
-    where = ["--uds", uds] if uds is not None else ["--listen", str(listen)]
+    """Arguments after the entry point (`python -m sandcell.daemon` or `sandcell daemon`).
+
+    Exactly one of: `uds` (a path to bind), `listen` (HOST:PORT), `fd` (a listening socket
+    the host bound and handed down, as local cells do)."""
+    where = {"--uds": uds, "--listen": listen, "--fd": fd}
+    given = [(flag, value) for flag, value in where.items() if value is not None]
+    if len(given) != 1:
+        raise ValueError("exactly one of uds, listen and fd")
+    flag, value = given[0]
     args = [
-        *where,
+        flag,
+        str(value),
         "--disk-quota-mb",
         str(disk_quota_mb),
         f"--inherit-env={','.join(inherit_env)}",

@@ -54,10 +54,35 @@ def serve(
     ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            help="text (for people) or json (one object a line, for log shippers) "
+            "[default: server.log_format, else text]"
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option(help="debug, info, warning or error", show_default=True)
+    ] = "info",
+    access_log: Annotated[
+        bool, typer.Option("--access-log/--no-access-log", help="one line per request")
+    ] = True,
+    cleanup_on_exit: Annotated[
+        bool,
+        typer.Option(
+            "--cleanup-on-exit",
+            help="delete the live sandboxes at shutdown (else they stay for the next start)",
+        ),
+    ] = False,
 ) -> None:
     """Run the router and the manager: local cells by default (no file needed), or pods
-    (`--backend kubernetes`, set up by the config's kubernetes table: docs/kubernetes.md)."""
+    (`--backend kubernetes`, set up by the config's kubernetes table: docs/kubernetes.md).
+    SIGTERM or SIGINT stops it gracefully."""
+    import uvloop
+
+    from sandcell.logs import FORMATS, LEVELS
     from sandcell.manager.templates import ConfigError
+    from sandcell.serve import ServeOptions
     from sandcell.serve import serve as run_server
     from sandcell.settings import BACKENDS
 
@@ -65,11 +90,20 @@ def serve(
     settings.host = host or settings.host
     settings.port = port or settings.port
     settings.backend = backend or settings.backend
-    if settings.backend not in BACKENDS:
-        typer.echo(f"sandcell: --backend must be one of {list(BACKENDS)}", err=True)
-        raise typer.Exit(2)
+    settings.log_format = log_format or settings.log_format
+    for name, value, allowed in (
+        ("--backend", settings.backend, BACKENDS),
+        ("--log-format", settings.log_format, FORMATS),
+        ("--log-level", log_level, LEVELS),
+    ):
+        if value not in allowed:
+            typer.echo(f"sandcell: {name} must be one of {list(allowed)}", err=True)
+            raise typer.Exit(2)
+    options = ServeOptions(config, log_level, access_log, cleanup_on_exit)
     try:
-        asyncio.run(run_server(settings))
+        # uvloop as the loop itself: uvicorn only installs it in Server.run(), not serve().
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(run_server(settings, options))
     except ConfigError as exc:  # e.g. no cluster configuration to be found
         typer.echo(f"sandcell: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -152,10 +186,12 @@ def doctor() -> None:
     raise typer.Exit(run(Console()))
 
 
+from sandcell.cli.network import register as _register_network_commands  # noqa: E402
 from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
 from sandcell.cli.templates import template_app as _template_app  # noqa: E402
 
 _register_client_commands(app)
+_register_network_commands(app)
 app.add_typer(_template_app, name="template")
 
 

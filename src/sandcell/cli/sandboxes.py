@@ -49,6 +49,19 @@ EnvOpt = Annotated[
     typer.Option("--env", "-e", metavar="K=V", help="environment variable (repeatable)"),
 ]
 TemplateOpt = Annotated[str, typer.Option("--template", "-t", help="sandbox template")]
+EgressOpt = Annotated[
+    str | None,
+    typer.Option("--egress", metavar="none|allowlist|open", help="egress policy mode"),
+]
+AllowOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow", metavar="DEST", help="allowed host, *.suffix, IP or CIDR [:port] (repeatable)"
+    ),
+]
+DenyOpt = Annotated[
+    list[str] | None, typer.Option("--deny", metavar="DEST", help="denied destination (repeatable)")
+]
 CmdTimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0.001, help="kill the command after SECONDS")
 ]
@@ -151,20 +164,26 @@ def create(
         list[str] | None,
         typer.Option("--metadata", "-m", metavar="K=V", help="label (repeatable)"),
     ] = None,
+    egress: EgressOpt = None,
+    allow: AllowOpt = None,
+    deny: DenyOpt = None,
     json_out: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
 ) -> None:
-    """Create a sandbox and print its id."""
+    """Create a sandbox and print its id (`--allow pypi.org` opens egress to that host)."""
     with _reporting():
         from sandcell.client import Sandbox
+        from sandcell.client.network import network_policy
 
+        wanted = egress is not None or allow or deny
         sbx = Sandbox.create(
             template,
             timeout=timeout,
             lifetime=lifetime,
             env=_pairs(env, "--env"),
             metadata=_pairs(metadata, "--metadata"),
+            network=network_policy(egress, allow or (), deny or ()) if wanted else None,
             api_key=api_key,
             url=url,
         )
@@ -216,12 +235,13 @@ def rm(
     for sandbox_id in sandbox_ids:
         try:
             with _reporting():
-                from sandcell.client import Sandbox
+                from sandcell.client import Sandbox, SandboxNotFoundError
 
                 with contextlib.closing(
                     Sandbox.connect(sandbox_id, api_key=api_key, url=url)
                 ) as sbx:
-                    sbx.kill()
+                    if not sbx.kill():  # gone between the two requests
+                        raise SandboxNotFoundError(f"sandbox {sandbox_id} not found")
         except typer.Exit:
             failed = True
     if failed:

@@ -11,6 +11,7 @@ from sandcell.client.binding import classoperation, constructor, operation
 from sandcell.client.config import ClientConfig, RetryPolicy
 from sandcell.client.errors import InvalidResponseError, SandboxNotFoundError
 from sandcell.client.models import SandboxInfo
+from sandcell.client.network import NetworkOperations
 from sandcell.client.protocol import Op, Request, call, call_json
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -
     return ClientConfig.resolve(url, api_key, config).retry
 
 
-class SandboxBase:
+class SandboxBase(NetworkOperations):
     """State and operations shared by `Sandbox` and `AsyncSandbox`.
 
     Get one from `create` or `connect`; constructing it directly is for the library.
@@ -80,6 +81,7 @@ class SandboxBase:
         lifetime: float | None = None,
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        network: Mapping[str, Any] | None = None,
         api_key: str | None = None,
         url: str | None = None,
         config: ClientConfig | None = None,
@@ -88,7 +90,8 @@ class SandboxBase:
 
         `timeout`: idle timeout in seconds (no request for this long and the sandbox is
         deleted; the template's default otherwise); `lifetime`: maximum lifetime in seconds;
-        `env`: default environment of every command; `metadata`: your labels. `api_key` and
+        `env`: default environment of every command; `metadata`: your labels; `network`: the
+        egress policy, e.g. `{"allow": ["pypi.org"]}` (the template's otherwise). `api_key` and
         `url` default to SANDCELL_API_KEY and SANDCELL_URL (http://127.0.0.1:8700).
         """
         body: dict[str, Any] = {"template": template}
@@ -99,6 +102,8 @@ class SandboxBase:
             body["env"] = dict(env)
         if metadata:
             body["metadata"] = dict(metadata)
+        if network is not None:
+            body["network"] = dict(network)
         # Not idempotent: a request that may have reached the server is never repeated.
         request = Request("POST", "/v1/sandboxes", json=body, idempotent=False)
         data = yield from call_json(request, _policy(url, api_key, config))
@@ -145,9 +150,14 @@ class SandboxBase:
         return self._info
 
     @operation
-    def kill(self) -> Op[None]:
-        """Delete the sandbox and everything in it. Idempotent: killing twice is fine."""
-        yield from call(Request("DELETE", sandbox_path(self.id)), self._policy)
+    def kill(self) -> Op[bool]:
+        """Delete the sandbox and everything in it; True if this call deleted it, False if
+        there was nothing to delete (already gone, or never yours). Killing twice is fine."""
+        try:
+            yield from call(Request("DELETE", sandbox_path(self.id)), self._policy)
+        except SandboxNotFoundError:
+            return False
+        return True
 
     @property
     def _policy(self) -> RetryPolicy:

@@ -33,6 +33,7 @@ class SandboxInfo:
     idle_timeout_s: int
     last_activity_at: datetime
     metadata: dict[str, str] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)  # the egress policy in force
 
     @classmethod
     def from_dict(cls, data: Any) -> SandboxInfo:
@@ -46,6 +47,7 @@ class SandboxInfo:
             idle_timeout_s=int(d.get("idle_timeout_s") or 0),
             last_activity_at=_time(d.get("last_activity_at") or d["created_at"]),
             metadata=dict(d.get("metadata") or {}),
+            network=dict(d.get("network") or {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +61,7 @@ class SandboxInfo:
             "idle_timeout_s": self.idle_timeout_s,
             "last_activity_at": _rfc3339(self.last_activity_at),
             "metadata": dict(self.metadata),
+            "network": dict(self.network),
         }
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
 
 from sandcell import __version__
 from sandcell.cellapi import schemas
@@ -237,6 +239,31 @@ async def move_file(request: Request) -> Response:
     return JSONResponse(d.files.move(req.source, req.to, req.overwrite))
 
 
+async def exposed_port(request: Request) -> Response:
+    """SPEC §11: relayed to 127.0.0.1:{port}, the cell's own loopback."""
+    from sandcell.network import ports  # h11 loads on the first relayed request only
+
+    d = _daemon(request)
+    body = await read_body(request, MAX_JSON_BODY)
+    d.authorize(request, body, body_required=True)
+    return await ports.relay(request, body)
+
+
+async def exposed_port_websocket(websocket: WebSocket) -> None:
+    """SPEC §11: a WebSocket to 127.0.0.1:{port}, the upgrade signed like any GET."""
+    from sandcell.network import ports
+
+    d = _daemon(websocket)
+    try:
+        d.guard.check_request(
+            websocket.headers.get("authorization"), "GET", path_with_query(websocket), b"", True
+        )
+    except SandcellError:
+        await websocket.close(1008)  # before accepting: the handshake fails (HTTP 403)
+        return
+    await ports.relay_websocket(websocket)
+
+
 async def openapi_document(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
@@ -332,12 +359,25 @@ OPERATIONS = (
         response=schemas.Entry,
         errors=(403, 404, 409, 503),
     ),
+    *(
+        Operation(
+            method,
+            "/v1/ports/{port}/{path:path}",
+            exposed_port,
+            "Relayed to 127.0.0.1:{port} in the cell",
+            errors=(400, 401, 413, 502),
+        )
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
+    ),
     Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
 )
 
 
 def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> Starlette:
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=EXCEPTION_HANDLERS)
+    websockets = [WebSocketRoute("/v1/ports/{port}/{path:path}", exposed_port_websocket)]
+    app = Starlette(
+        routes=[*routes(OPERATIONS), *websockets], exception_handlers=EXCEPTION_HANDLERS
+    )
     app.state.daemon = Daemon(config, dict(os.environ) if environ is None else environ)
     app.state.openapi = openapi("sandcell daemon", __version__, OPERATIONS)
     return app

@@ -26,6 +26,7 @@ class DaemonConfig:
     workspace: str
     uds: str | None
     listen: tuple[str, int] | None
+    fd: int | None
     inherit_env: tuple[str, ...]
     disk_quota_bytes: int
     landlock: bool
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--uds", help="listen on this unix socket path")
     where.add_argument("--listen", help="listen on HOST:PORT (pods)")
+    where.add_argument(
+        "--fd", type=int, help="serve on this inherited listening socket (local cells)"
+    )
     p.add_argument("--sandbox-id", help="default: $SANDCELL_SANDBOX_ID")
     p.add_argument("--workspace", help=f"default: $SANDCELL_WORKSPACE or {DEFAULT_WORKSPACE}")
     p.add_argument("--inherit-env", help="comma-separated allow-list replacing the default")
@@ -92,6 +96,7 @@ def load(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> DaemonConf
         workspace=args.workspace or env.get("SANDCELL_WORKSPACE") or DEFAULT_WORKSPACE,
         uds=args.uds,
         listen=_listen_address(args.listen) if args.listen else None,
+        fd=args.fd,
         inherit_env=inherit,
         disk_quota_bytes=args.disk_quota_mb * 1024 * 1024,
         landlock=args.landlock,

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandcell.daemon import processes
+from sandcell.daemon.spawn import spawn_command
 
 DRAIN_GRACE_S = 0.1
-COMMAND_OOM_SCORE_ADJ = 500
 STREAMS = {1: "stdout", 2: "stderr"}
 
 OutputSink = Callable[[str, str], None]
@@ -132,8 +132,9 @@ class _PipeReader(asyncio.Protocol):
 class Runner:
     """Spawns commands and tracks the running ones (their pids root the kill walks).
 
-    Spawning goes through `subprocess.Popen` (vfork, ~1 ms) rather than the event loop's
-    subprocess support (uvloop forks the whole daemon, ~4 ms); exit is watched via a pidfd.
+    Spawning goes through `spawn_command` (`subprocess.Popen`, vfork, ~1 ms) rather than the
+    event loop's subprocess support (uvloop forks the whole daemon, ~4 ms); exit is watched
+    via a pidfd.
     """
 
     def __init__(self) -> None:
@@ -146,7 +147,7 @@ class Runner:
     async def run(self, spec: CommandSpec, sink: OutputSink | None = None) -> CommandResult:
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
+            proc = spawn_command(
                 spec.argv,
                 stdin=subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -158,7 +159,6 @@ class Runner:
         except OSError as exc:
             return _spawn_failure(spec, exc, time.monotonic() - started, sink)
         self._running.add(proc.pid)
-        _prefer_for_oom_kill(proc.pid)
         collector = _Collector(spec, sink)
         transports: list[asyncio.BaseTransport] = []
         try:
@@ -193,13 +193,6 @@ class Runner:
         if proc.returncode is None:
             processes.kill_command_tree(proc.pid, self.running_pids - {proc.pid})
             proc.wait()
-
-
-def _prefer_for_oom_kill(pid: int) -> None:
-    """Under memory pressure the cell's OOM killer takes commands before the daemon (raising
-    the score needs no privilege; descendants inherit it)."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
-        f.write(str(COMMAND_OOM_SCORE_ADJ))
 
 
 async def _attach(

@@ -12,20 +12,22 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from sandcell.daemon import processes
+from sandcell.daemon import processes, spawn
 from sandcell.daemon.app import create_app
 from sandcell.daemon.config import ConfigError, DaemonConfig, load
 
 _PR_SET_DUMPABLE = 4
 # Beside the workspace, what commands may write: scratch space and the usual devices
 # (opening /dev/null read-write is a write). Landlock binds the calling thread: this runs
-# before the event loop starts any.
+# before the event loop starts any, so every thread of the daemon inherits it.
 CELL_SCRATCH = ("/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty",  # noqa: S108
                 "/dev/pts")  # fmt: skip
 ORPHAN_REAP_INTERVAL_S = 5.0
 
 
 def bind_socket(config: DaemonConfig) -> socket.socket:
+    if config.fd is not None:
+        return _inherited_listener(config.fd)
     if config.uds:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(config.uds)
@@ -44,14 +46,40 @@ def bind_socket(config: DaemonConfig) -> socket.socket:
     return sock
 
 
+def _inherited_listener(fd: int) -> socket.socket:
+    """The socket the host bound for us: its file is the host's, not ours to chmod."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ConfigError(f"--fd {fd}: not a socket: {exc}") from exc
+    if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        raise ConfigError(f"--fd {fd}: the socket is not listening")
+    sock.set_inheritable(False)
+    return sock
+
+
 def harden_self(config: DaemonConfig) -> None:
-    """Same-uid commands must not read the daemon's memory; writes stay in the workspace."""
+    """Same-uid commands must not read the daemon's memory; writes stay in the workspace;
+    commands are spawned by a thread confined further (daemon/spawn.py)."""
+    # Opened first: once not dumpable, /proc/self is root's; under Landlock, read-only.
+    oom_score = spawn.OwnOomScore()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     processes.become_subreaper()
-    if config.landlock:
-        from sandcell.isolation import landlock
+    if not config.landlock:
+        spawn.start(oom_score, None)
+        return
+    from sandcell.isolation import landlock
 
-        landlock.restrict_self([config.workspace, *CELL_SCRATCH], deny_tcp=config.deny_tcp)
+    writable = [config.workspace, *CELL_SCRATCH]
+    landlock.restrict_self(writable, deny_tcp=config.deny_tcp)
+
+    def confine_commands(daemon_pid: int, spawner_tid: int) -> None:
+        from sandcell.isolation import seccomp
+
+        landlock.restrict_self(writable, deny_tcp=config.deny_tcp, require_scoping=True)
+        seccomp.guard_daemon(daemon_pid, spawner_tid)
+
+    spawn.start(oom_score, confine_commands)
 
 
 async def _reap_orphans_forever(app_runner: processes.OrphanSource) -> None:
@@ -91,8 +119,8 @@ def serve(config: DaemonConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load(sys.argv[1:] if argv is None else argv)
+        serve(config)
     except ConfigError as exc:
         print(f"sandcell daemon: {exc}", file=sys.stderr)
         return 2
-    serve(config)
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -11,6 +11,14 @@ from starlette.requests import Request
 from sandcell.errors import ErrorCode, SandcellError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+# Scope key of the request's share of a byte budget for buffered bodies (the router sets it
+# once it knows who is calling; without one, only `limit` bounds a body).
+BODY_BUDGET = "sandcell.body_budget"
+
+
+class BodyBudget(Protocol):
+    def cover(self, size: int) -> None:
+        """Holds at least `size` bytes of the budget, or raises (429/503)."""
 
 
 def too_large(limit: int) -> SandcellError:
@@ -29,15 +37,21 @@ def declared_length(request: Request) -> int | None:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) as soon as it passes `limit` bytes."""
+    """The whole body, refusing (413) as soon as it passes `limit` bytes; paid for from the
+    request's byte budget before it is read (as declared) or as it arrives (chunked)."""
     declared = declared_length(request)
     if declared is not None and declared > limit:
         raise too_large(limit)
+    budget: BodyBudget | None = request.scope.get(BODY_BUDGET)
+    if budget is not None and declared:
+        budget.cover(declared)
     parts, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
+        if budget is not None:
+            budget.cover(size)
         parts.append(chunk)
     return b"".join(parts)
 

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 CELL_UID = 1000
 CELL_HOSTNAME = "sandcell"
 CELL_WORKSPACE = "/workspace"
-CELL_RUN_DIR = "/run/sandcell"
-CELL_SOCKET = f"{CELL_RUN_DIR}/daemon.sock"
 
 SYSTEM_DIRS = ("/usr",)
 # Merged-/usr systems have these as symlinks into /usr; bwrap recreates them.
@@ -73,16 +71,17 @@ def build_argv(
     *,
     binds: Iterable[Bind],
     system: list[str],
-    etc_files: dict[str, str],
+    etc_data: dict[str, int],
     env: dict[str, str],
     seccomp_fd: int | None,
     scratch: tuple[int, int],
     command: list[str],
     chdir: str,
 ) -> list[str]:
-    """`system` builds the read-only root (`host_system` or an image's); `etc_files` maps
-    generated files (passwd, group, hosts) to their host paths; `env` is the daemon's
-    complete environment; `scratch` is the size in bytes of /tmp and /dev/shm."""
+    """`system` builds the read-only root (`host_system` or an image's); `etc_data` maps
+    generated files (passwd, group, hosts) to the fds bwrap reads them from (no host file
+    to name); `env` is the daemon's complete environment; `scratch` is the size in bytes of
+    /tmp and /dev/shm."""
     argv = [
         "bwrap",
         "--unshare-user",
@@ -107,8 +106,8 @@ def build_argv(
     for name, value in env.items():
         argv += ["--setenv", name, value]
     argv += system
-    for dest, source in etc_files.items():
-        argv += ["--ro-bind", source, dest]
+    for dest, fd in etc_data.items():
+        argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
     tmp_bytes, shm_bytes = scratch
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108

@@ -1,11 +1,12 @@
 """Local cells: a daemon and everything it runs, confined together (SPEC §3).
 
-A cell is launched as root in four steps, each one process image, no Python in between:
+A cell is launched by a shell script (isolation/launch.py): as root, it drops to the cell's own
+unprivileged host uid after staging the cell's mounts in a private mount namespace.
 
-    sh (join the cell's cgroups, set rlimits)
-      -> unshare --mount (a private mount namespace: the stage below dies with the cell)
-      -> setpriv (drop to the cell's unprivileged host uid, no_new_privs)
-      -> bwrap (user/pid/mount/ipc/uts/cgroup/net namespaces, seccomp) -> python daemon
+What the cell gets from the host it gets as file descriptors, so that nothing of the host is
+named inside it and nothing the host relies on is the cell's to change: the daemon's listening
+socket (bound here, owned by the manager, in a directory only the manager can enter), the
+seccomp program and the generated /etc files.
 
 Nothing of a cell outlives `destroy()`: its cgroup is killed and removed, the private mount
 namespace goes with its last process, the workspace is unmounted and its directory deleted.
@@ -17,11 +18,12 @@ import contextlib
 import json
 import os
 import secrets
-import shlex
 import shutil
+import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,10 +33,8 @@ from sandcell.cellapi import health
 from sandcell.cellapi.argv import daemon_args
 from sandcell.cellapi.client import transport_for
 from sandcell.cellapi.environment import FIXED_PATH
-from sandcell.isolation import cgroups, disk, landlock, seccomp
+from sandcell.isolation import cgroups, disk, landlock, launch, seccomp
 from sandcell.isolation.bwrap import (
-    CELL_RUN_DIR,
-    CELL_SOCKET,
     CELL_UID,
     CELL_WORKSPACE,
     SYSTEM_LINKS,
@@ -46,7 +46,6 @@ from sandcell.isolation.images import stage
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
-STAGE = "/run/sandcell-stage"
 UID_REGISTRY = Path("/run/sandcell-uids")
 DEFAULT_UID_BASE = 200_000
 DEFAULT_UID_COUNT = 10_000
@@ -104,7 +103,7 @@ class LocalCells:
         except cgroups.CgroupUnavailable as exc:
             self.cgroups, self._cgroup_problem = None, str(exc)
         if self.privileged:
-            Path(STAGE).mkdir(mode=0o755, parents=True, exist_ok=True)
+            Path(launch.STAGE).mkdir(mode=0o755, parents=True, exist_ok=True)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -136,7 +135,9 @@ class LocalCells:
         cell_dir = self.cells_dir / _check_id(cell_id)
         info = self._read_info(cell_dir)
         cgroup_name = info.cgroup if info else _cgroup_name(cell_id)
-        if self.cgroups is not None and (cg := self.cgroups.open(cgroup_name)) is not None:
+        # None: made without a cgroup (the layer degraded), nothing to remove there.
+        cg = self.cgroups.open(cgroup_name) if cgroup_name and self.cgroups else None
+        if cg is not None:
             cg.destroy()
         proc = self._procs.pop(cell_id, None)
         if proc is not None:
@@ -185,10 +186,7 @@ class LocalCells:
             disk.create_quota_workspace(cell_dir / "disk.img", workspace, policy.disk_mb, uid)
         else:
             disk.create_plain_workspace(workspace, uid)
-        run_dir.mkdir(mode=0o700)
-        if self.privileged:
-            os.chown(run_dir, uid, uid)
-        _write_etc(cell_dir / "etc")
+        run_dir.mkdir(mode=0o700)  # the manager's: the cell neither sees nor owns it
         cgroup = self._make_cgroup(cell_id, policy)
         info = CellInfo(
             cell_id,
@@ -199,7 +197,8 @@ class LocalCells:
             time.time(),
         )
         (cell_dir / "meta.json").write_text(json.dumps(asdict(info)))
-        self._spawn(cell_dir, info, policy, sandbox_id, pem, cgroup)
+        with _listen(info.uds) as listener:
+            self._spawn(cell_dir, info, policy, (sandbox_id, pem), cgroup, listener)
         return info
 
     def _allocate_uid(self, cell_dir: Path) -> int:
@@ -238,113 +237,56 @@ class LocalCells:
         cell_dir: Path,
         info: CellInfo,
         policy: CellPolicy,
-        sandbox_id: str,
-        pem: bytes,
+        identity: tuple[str, bytes],
         cgroup: cgroups.CellCgroup | None,
+        listener: socket.socket,
     ) -> None:
+        """Starts the launcher; `identity` is the sandbox id and the bootstrap public key."""
         use_seccomp = policy.require("seccomp", True, "")
-        use_landlock = policy.require(
-            "landlock", landlock.abi_version() > 0, "the kernel has no Landlock"
-        )
+        use_landlock = policy.require("landlock", *landlock.cell_support())
         root = _Root.of(cell_dir, policy)
-        stage_binds, cell_binds, etc_dir, image_root = self._binds(cell_dir, root)
-        etc = {f"/etc/{name}": f"{etc_dir}/{name}" for name in ETC_FILES}
-        seccomp_fd = _memfd("sandcell-seccomp", seccomp.build_filter()) if use_seccomp else None
-        args = daemon_args(
-            uds=CELL_SOCKET,
-            disk_quota_mb=policy.disk_mb,
-            inherit_env=policy.inherit_env,
-            landlock=use_landlock,
-            deny_tcp=policy.network == "none",
-        )
-        daemon = [*root.python, "-s", "-B", "-m", "sandcell.daemon", *args]
-        env = {
-            **dict(policy.image_env),
-            "PATH": FIXED_PATH,
-            "HOME": CELL_WORKSPACE,
-            "LANG": "C.UTF-8",
-            "SANDCELL_SANDBOX_ID": sandbox_id,
-            "SANDCELL_WORKSPACE": CELL_WORKSPACE,
-            "SANDCELL_BOOTSTRAP_PUBLIC_KEY": pem.decode(),
-        }
-        argv = build_argv(
-            binds=cell_binds,
-            system=root.system(image_root),
-            etc_files=etc,
-            env=env,
-            seccomp_fd=seccomp_fd,
-            scratch=scratch_sizes(policy),
-            command=daemon,
-            chdir=root.chdir,
-        )
-        script = self._launch_script(info, policy, cgroup, stage_binds, argv)
-        log = open(cell_dir / "cell.log", "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self._procs[info.cell_id] = subprocess.Popen(
-                ["/bin/sh", "-c", script],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                start_new_session=True,
-                env={"PATH": FIXED_PATH},
-                cwd="/",
+        stage_lines, binds, image_root = self._binds(cell_dir, root)
+        with contextlib.ExitStack() as fds:
+            etc = {
+                f"/etc/{name}": _memfd(fds, f"sandcell-etc-{name}", content.encode())
+                for name, content in ETC_FILES.items()
+            }
+            passed = [listener.fileno(), *etc.values()]
+            seccomp_fd = None
+            if use_seccomp:
+                seccomp_fd = _memfd(fds, "sandcell-seccomp", seccomp.build_filter())
+                passed.append(seccomp_fd)
+            argv = build_argv(
+                binds=binds,
+                system=root.system(image_root),
+                etc_data=etc,
+                env={**dict(policy.image_env), **_daemon_env(*identity)},
+                seccomp_fd=seccomp_fd,
+                scratch=scratch_sizes(policy),
+                command=[*root.python, *_daemon_args(policy, listener.fileno(), use_landlock)],
+                chdir=root.chdir,
             )
-        finally:
-            log.close()
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            script = launch.script(
+                cgroup_procs=cgroup.procs_files if cgroup else [],
+                rlimits=launch.Rlimits(policy.nofile, policy.disk_mb),
+                bwrap_argv=argv,
+                root=(info.uid, stage_lines) if self.privileged else None,
+            )
+            self._procs[info.cell_id] = _popen(cell_dir / "cell.log", script, passed)
 
-    def _binds(self, cell_dir: Path, root: _Root) -> tuple[list[Bind], list[Bind], str, str]:
-        """Root's binds onto the stage, bwrap's binds into the cell, where bwrap finds the
-        cell's generated /etc files, and where it finds the image's root (if any)."""
-        wanted = [
-            Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True),
-            Bind(str(cell_dir / "run"), CELL_RUN_DIR, writable=True),
-            *root.binds,
-        ]
-        if not self.privileged:
-            return [], wanted, str(cell_dir / "etc"), root.image_root
-        stage = [Bind(str(cell_dir / "etc"), f"{STAGE}/etc")]
+    def _binds(self, cell_dir: Path, root: _Root) -> tuple[list[str], list[Bind], str]:
+        """The launcher's staging lines, bwrap's binds into the cell, and where bwrap finds
+        the image's root (staged like the binds, never bound whole: `root.system` binds its
+        entries)."""
+        wanted = [Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True), *root.binds]
         if root.image_root:
-            stage.append(Bind(root.image_root, f"{STAGE}/image"))
-        cell = []
-        for index, bind in enumerate(wanted):
-            staged = f"{STAGE}/{index}"
-            stage.append(Bind(bind.source, staged, bind.writable))
-            cell.append(Bind(staged, bind.dest, bind.writable))
-        return stage, cell, f"{STAGE}/etc", root.image_root and f"{STAGE}/image"
-
-    def _launch_script(
-        self,
-        info: CellInfo,
-        policy: CellPolicy,
-        cgroup: cgroups.CellCgroup | None,
-        stage: list[Bind],
-        bwrap_argv: list[str],
-    ) -> str:
-        q = shlex.quote
-        lines = ["set -eu"]
-        for procs in cgroup.procs_files if cgroup else []:
-            lines.append(f"echo $$ > {q(procs)}")
-        fsize_blocks = policy.disk_mb * 2048  # dash counts ulimit -f in 512-byte blocks
-        lines.append(f"ulimit -c 0; ulimit -n {policy.nofile}; ulimit -f {fsize_blocks}")
-        bwrap = " ".join(q(a) for a in bwrap_argv)
+            wanted.append(Bind(root.image_root, ""))
         if not self.privileged:
-            lines.append(f"exec {bwrap}")
-            return "\n".join(lines)
-        inner = [f"mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev sandcell-stage {STAGE}"]
-        for bind in stage:
-            inner.append(f"mkdir {q(bind.dest)} && mount --bind {q(bind.source)} {q(bind.dest)}")
-        inner.append(
-            f"exec setpriv --reuid={info.uid} --regid={info.uid} --clear-groups"
-            f" --no-new-privs --bounding-set=-all -- {bwrap}"
-        )
-        lines.append(
-            "exec unshare --mount --propagation private -- /bin/sh -c "
-            + q("set -eu\n" + "\n".join(inner))
-        )
-        return "\n".join(lines)
+            return [], wanted[: len(wanted) - bool(root.image_root)], root.image_root
+        lines, binds = launch.stage(wanted)
+        if not root.image_root:
+            return lines, binds, ""
+        return lines, binds[:-1], binds[-1].source
 
     def _wait_healthy(self, cell_id: str, uds: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -372,6 +314,59 @@ class LocalCells:
             return CellInfo(**json.loads((cell_dir / "meta.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+
+def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
+    """Bytes of /tmp and /dev/shm. Both are tmpfs, charged to the cell's memory: kept well
+    below memory_mb so that filling them is an ENOSPC for the writer, not an OOM kill."""
+    mib = 1024 * 1024
+    return min(policy.disk_mb, policy.memory_mb // 2) * mib, policy.memory_mb // 8 * mib
+
+
+def _stale_claim(claim: Path) -> bool:
+    try:
+        return not Path(claim.read_text()).is_dir()
+    except OSError:
+        return False  # being written right now, or unreadable: not ours to take
+
+
+def _cgroup_name(cell_id: str) -> str:
+    return f"cell-{cell_id}"
+
+
+# passwd/group/hosts of the cell's own (the host's users are none of its business), handed to
+# bwrap as memfds: no host file to name in the cell's mount table.
+ETC_FILES = {
+    "passwd": f"root:x:0:0::/:/usr/sbin/nologin\n"
+    f"sandbox:x:{CELL_UID}:{CELL_UID}::{CELL_WORKSPACE}:/bin/sh\n"
+    "nobody:x:65534:65534::/:/usr/sbin/nologin\n",
+    "group": f"root:x:0:\nsandbox:x:{CELL_UID}:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1 localhost sandcell\n::1 localhost ip6-localhost\n",
+    "hostname": "sandcell\n",
+}
+
+
+def _daemon_env(sandbox_id: str, pem: bytes) -> dict[str, str]:
+    return {
+        "PATH": FIXED_PATH,
+        "HOME": CELL_WORKSPACE,
+        "LANG": "C.UTF-8",
+        "SANDCELL_SANDBOX_ID": sandbox_id,
+        "SANDCELL_WORKSPACE": CELL_WORKSPACE,
+        "SANDCELL_BOOTSTRAP_PUBLIC_KEY": pem.decode(),
+    }
+
+
+def _daemon_args(policy: CellPolicy, listen_fd: int, use_landlock: bool) -> list[str]:
+    """What follows the interpreter: `-m sandcell.daemon` and its arguments."""
+    args = daemon_args(
+        fd=listen_fd,
+        disk_quota_mb=policy.disk_mb,
+        inherit_env=policy.inherit_env,
+        landlock=use_landlock,
+        deny_tcp=policy.network == "none",
+    )
+    return ["-s", "-B", "-m", "sandcell.daemon", *args]
 
 
 @dataclass(frozen=True)
@@ -402,44 +397,41 @@ class _Root:
         return stage.root_args(image_root, sorted(os.listdir(self.image_root)))
 
 
-def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
-    """Bytes of /tmp and /dev/shm. Both are tmpfs, charged to the cell's memory: kept well
-    below memory_mb so that filling them is an ENOSPC for the writer, not an OOM kill."""
-    mib = 1024 * 1024
-    return min(policy.disk_mb, policy.memory_mb // 2) * mib, policy.memory_mb // 8 * mib
+def _popen(log_path: Path, script: str, fds: list[int]) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=fds,
+            start_new_session=True,
+            env={"PATH": FIXED_PATH},
+            cwd="/",
+        )
 
 
-def _stale_claim(claim: Path) -> bool:
+@contextlib.contextmanager
+def _listen(path: str) -> Iterator[socket.socket]:
+    """The daemon's listening socket, bound here: the file is the manager's (0600 in a 0700
+    directory), so a cell can neither chmod it nor replace it; the daemon gets the fd."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        return not Path(claim.read_text()).is_dir()
-    except OSError:
-        return False  # being written right now, or unreadable: not ours to take
+        try:
+            sock.bind(path)
+        except OSError as exc:  # a cells directory too deep for a unix socket path, say
+            raise CellError(f"cannot bind the daemon's socket {path}: {exc}") from exc
+        os.chmod(path, 0o600)
+        sock.listen(1024)
+        yield sock
+    finally:
+        sock.close()  # the daemon holds its own copy
 
 
-def _cgroup_name(cell_id: str) -> str:
-    return f"cell-{cell_id}"
-
-
-ETC_FILES = {
-    "passwd": f"root:x:0:0::/:/usr/sbin/nologin\n"
-    f"sandbox:x:{CELL_UID}:{CELL_UID}::{CELL_WORKSPACE}:/bin/sh\n"
-    "nobody:x:65534:65534::/:/usr/sbin/nologin\n",
-    "group": f"root:x:0:\nsandbox:x:{CELL_UID}:\nnogroup:x:65534:\n",
-    "hosts": "127.0.0.1 localhost sandcell\n::1 localhost ip6-localhost\n",
-    "hostname": "sandcell\n",
-}
-
-
-def _write_etc(etc: Path) -> None:
-    """passwd/group/hosts of the cell's own: the host's users are none of its business."""
-    etc.mkdir(mode=0o755)
-    for name, content in ETC_FILES.items():
-        (etc / name).write_text(content)
-        (etc / name).chmod(0o644)
-
-
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name)  # close-on-exec; pass_fds hands it to bwrap alone
+def _memfd(fds: contextlib.ExitStack, name: str, data: bytes) -> int:
+    """`data` in an anonymous file for bwrap to read; closed when `fds` unwinds."""
+    fd = os.memfd_create(name)  # close-on-exec; pass_fds hands it to the launcher alone
+    fds.callback(os.close, fd)
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

@@ -4,8 +4,9 @@ Landlock is the unprivileged second fence behind the mount namespace: even if a 
 is wrong, the cell cannot write outside its workspace.  Only write-type rights are handled,
 so reading and executing stay allowed everywhere the mount namespace shows.
 
-``restrict_self`` confines the calling thread and everything it later starts, irrevocably,
-so call it in the cell's single-threaded process right before ``exec``.  Writing to a device
+``restrict_self`` confines the calling thread and everything it later starts, irrevocably:
+call it in a process before it starts threads, or in the one thread to confine (the daemon's
+spawner thread nests a stricter domain inside the daemon's this way).  Writing to a device
 (``/dev/null``, a pty) is a write too: pass such files in ``writable_paths``.
 """
 
@@ -45,6 +46,7 @@ _FS_WRITE_RIGHTS_BY_ABI = {
 _FS_FILE_RIGHTS = _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
 _NET_TCP = (1 << 0) | (1 << 1)  # BIND_TCP | CONNECT_TCP (ABI 4)
 _SCOPES = (1 << 0) | (1 << 1)  # ABSTRACT_UNIX_SOCKET | SIGNAL (ABI 6)
+SIGNAL_SCOPE_ABI = 6
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -83,18 +85,38 @@ def abi_version() -> int:
     return max(int(ret), 0)
 
 
-def restrict_self(writable_paths: Sequence[str], deny_tcp: bool) -> int:
+def _no_scoping(abi: int) -> str:
+    return f"signal scoping needs Landlock ABI {SIGNAL_SCOPE_ABI}, this kernel has ABI {abi}"
+
+
+def cell_support() -> tuple[bool, str]:
+    """Whether a cell can be confined here as SPEC §3 asks, and why not: writes confined, and
+    commands scoped away from the daemon's signals (``LANDLOCK_SCOPE_SIGNAL``, ABI 6)."""
+    abi = abi_version()
+    if abi < 1:
+        return False, "the kernel has no Landlock (or it is disabled)"
+    if abi < SIGNAL_SCOPE_ABI:
+        return False, _no_scoping(abi)
+    return True, f"ABI {abi}"
+
+
+def restrict_self(
+    writable_paths: Sequence[str], deny_tcp: bool, *, require_scoping: bool = False
+) -> int:
     """Allow writes only beneath ``writable_paths`` (and, if asked, no TCP bind/connect).
 
-    At ABI >= 6 the cell also cannot signal, or connect to abstract unix sockets of,
-    processes outside its Landlock domain.  Returns the ABI applied; raises
-    ``LandlockUnavailable`` rather than enforcing less than asked.
+    At ABI >= 6 the calling thread and its children also cannot signal, or connect to
+    abstract unix sockets of, processes outside their Landlock domain (``require_scoping``:
+    or fail).  Returns the ABI applied; raises ``LandlockUnavailable`` rather than enforcing
+    less than asked.
     """
     abi = abi_version()
     if abi < 1:
         raise LandlockUnavailable("Landlock is not supported or is disabled on this kernel")
     if deny_tcp and abi < 4:
         raise LandlockUnavailable(f"denying TCP needs Landlock ABI 4, this kernel has ABI {abi}")
+    if require_scoping and abi < SIGNAL_SCOPE_ABI:
+        raise LandlockUnavailable(_no_scoping(abi))
     handled_fs = 0
     for since, rights in _FS_WRITE_RIGHTS_BY_ABI.items():
         if abi >= since:

@@ -72,16 +72,22 @@ def _seccomp() -> LayerReport:
         "seccomp",
         True,
         f"libseccomp filter, {len(program) // 8} instructions,"
-        f" {len(seccomp.DENIED_SYSCALLS)} syscalls denied",
+        f" {len(seccomp.DENIED_SYSCALLS)} syscalls denied, sockets unix/inet/inet6/netlink only",
     )
 
 
 def _landlock() -> LayerReport:
-    abi = landlock.abi_version()
-    if abi == 0:
-        return LayerReport("landlock", False, "kernel without Landlock (or disabled)")
-    net = "TCP bind/connect denial" if abi >= 4 else "no network rules (ABI < 4)"
-    return LayerReport("landlock", True, f"ABI {abi}: write confinement, {net}")
+    """Cells need writes confined and signal scoping (ABI 6): commands share the daemon's uid,
+    and only a scoped domain keeps them from signalling it."""
+    ok, detail = landlock.cell_support()
+    if not ok:
+        return LayerReport("landlock", False, detail)
+    return LayerReport(
+        "landlock",
+        True,
+        f"{detail}: write confinement; signal scoping (commands cannot signal the daemon);"
+        " TCP bind/connect denial (network none)",
+    )
 
 
 def _cgroups() -> LayerReport:
@@ -99,13 +105,14 @@ def _disk() -> LayerReport:
 def _identity() -> LayerReport:
     if os.geteuid() != 0:
         return LayerReport("identity", True, f"cells run as this uid ({os.geteuid()})")
-    ok = shutil.which("setpriv") is not None and shutil.which("unshare") is not None
+    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        return LayerReport("identity", False, "setpriv/unshare missing (util-linux)")
+    if "\toverlay" not in Path("/proc/filesystems").read_text():
+        return LayerReport("identity", False, "no overlayfs: cells stage their mounts on it")
     return LayerReport(
         "identity",
-        ok,
-        "per-cell unprivileged host uid (setpriv, unshare)"
-        if ok
-        else "setpriv/unshare missing (util-linux)",
+        True,
+        "per-cell unprivileged host uid (setpriv, unshare); mounts staged on overlayfs",
     )
 
 

@@ -8,13 +8,34 @@ syscalls hit the bad-arch action and kill the process: libseccomp emits the x32 
 itself for an x86_64 filter that does not include x32 (verified by the tests).
 """
 
+import contextlib
+import ctypes.util
 import errno
 import functools
 import itertools
 import tempfile
 from collections.abc import Iterator
+from types import ModuleType
 
-import pyseccomp
+
+def _import_pyseccomp() -> ModuleType:
+    """pyseccomp finds libseccomp with ctypes.util.find_library, which asks the root's
+    ld.so.cache. In a cell of an image (SPEC §12) that cache is the image's and knows nothing
+    of the host's libraries, though the loader was given their directory
+    (`--library-path`, images/stage.py): there, the soname alone loads the library."""
+    try:
+        import pyseccomp
+    except RuntimeError:  # "Unable to find libseccomp"
+        find = ctypes.util.find_library
+        with contextlib.ExitStack() as restore:
+            restore.callback(setattr, ctypes.util, "find_library", find)
+            sonames = {"seccomp": "libseccomp.so.2", "c": "libc.so.6"}
+            ctypes.util.find_library = lambda name: find(name) or sonames.get(name)
+            import pyseccomp
+    return pyseccomp
+
+
+pyseccomp = _import_pyseccomp()
 
 DENIED_SYSCALLS: tuple[str, ...] = (
     # tracing and reading/writing other processes
@@ -90,6 +111,14 @@ _DENIED_IOCTLS = (
     0x5412,  # TIOCSTI: push input into the controlling terminal
     0x541C,  # TIOCLINUX: same via the Linux console
 )
+# socket()/socketpair() families a cell may use (SPEC §3); AF_VSOCK reaches the hypervisor,
+# AF_PACKET and the rest are kernel attack surface no Python job needs.
+_ALLOWED_FAMILIES = (
+    1,  # AF_UNIX
+    2,  # AF_INET
+    10,  # AF_INET6
+    16,  # AF_NETLINK
+)
 # PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26 and the 0xffffffff query: everything
 # else (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO, ...) weakens the process.
 _ALLOWED_PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, _U32)
@@ -109,9 +138,10 @@ def _aligned_blocks(lo: int, hi: int) -> Iterator[tuple[int, int]]:
         lo += size
 
 
-def _denied_personalities() -> Iterator[tuple[int, int]]:
-    """Masked rules matching every 32-bit persona (what the kernel reads) not allowed."""
-    for low, high in itertools.pairwise(_ALLOWED_PERSONALITIES):
+def _complement(allowed: tuple[int, ...]) -> Iterator[tuple[int, int]]:
+    """Masked rules matching every 32-bit value (what the kernel reads) not in ``allowed``."""
+    bounds = (-1, *sorted(allowed), _U32 + 1)
+    for low, high in itertools.pairwise(bounds):
         yield from _aligned_blocks(low + 1, high - 1)
 
 
@@ -138,9 +168,62 @@ def build_filter() -> bytes:
     # so that garbage in it cannot slip past an equality test.
     for cmd in _DENIED_IOCTLS:
         _add(flt, eperm, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, cmd))
-    for mask, value in _denied_personalities():
+    for mask, value in _complement(_ALLOWED_PERSONALITIES):
         _add(flt, eperm, "personality", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, mask, value))
+    no_family = pyseccomp.ERRNO(errno.EAFNOSUPPORT)  # what a kernel without the family says
+    for mask, value in _complement(_ALLOWED_FAMILIES):
+        for call in ("socket", "socketpair"):
+            _add(flt, no_family, call, pyseccomp.Arg(0, pyseccomp.MASKED_EQ, mask, value))
     with tempfile.TemporaryFile() as out:
         flt.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+# -- the daemon's guard: what commands must not do to the thread that spawns them -----------
+
+_F_SETOWN, _F_SETOWN_EX = 8, 15
+_FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
+# (syscall, the arguments holding a target pid or tid)
+_TARGETED_CALLS = (
+    ("kill", (0,)),
+    ("rt_sigqueueinfo", (0,)),
+    ("tkill", (0,)),
+    ("tgkill", (0, 1)),
+    ("rt_tgsigqueueinfo", (0, 1)),
+    ("pidfd_open", (0,)),
+)
+
+
+def guard_daemon(daemon_pid: int, spawner_tid: int) -> None:
+    """Load, into the calling thread only, a filter its future children inherit: no signal,
+    pidfd or SIGIO ownership aimed at the daemon (`daemon_pid`) or at this thread.
+
+    Landlock's signal scoping keeps commands from signalling the daemon's threads, except the
+    one that spawns them (it shares their domain, daemon/spawn.py): this closes that gap.
+    Signals by pid, by tid, to a process group, through a pidfd, and SIGIO through F_SETOWN
+    all name their target by number; ``pidfd_send_signal`` takes a ``/proc/<tid>`` directory
+    fd too, which a filter cannot tell apart, so it is unavailable (ENOSYS: callers fall back
+    to kill()). Nor may a command set another process's rlimits (RLIMIT_CPU on the daemon
+    would have the kernel kill it).
+    """
+    eperm = pyseccomp.ERRNO(errno.EPERM)
+    flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    flt.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.KILL_PROCESS)
+    targets = {daemon_pid, spawner_tid}
+    signed = {t & _U32 for t in targets} | {-t & _U32 for t in targets}  # a process group too
+    for name, positions in _TARGETED_CALLS:
+        for position in positions:
+            for value in signed:
+                _add(flt, eperm, name, pyseccomp.Arg(position, pyseccomp.MASKED_EQ, _U32, value))
+    for value in signed:
+        setown = pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, _F_SETOWN)
+        _add(flt, eperm, "fcntl", setown, pyseccomp.Arg(2, pyseccomp.MASKED_EQ, _U32, value))
+    # These name their target behind a pointer: refused whatever it is.
+    _add(flt, eperm, "fcntl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, _F_SETOWN_EX))
+    for cmd in (_FIOSETOWN, _SIOCSPGRP):
+        _add(flt, eperm, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _U32, cmd))
+    _add(flt, pyseccomp.ERRNO(errno.ENOSYS), "pidfd_send_signal")
+    others, setting = pyseccomp.Arg(0, pyseccomp.NE, 0), pyseccomp.Arg(2, pyseccomp.NE, 0)
+    _add(flt, eperm, "prlimit64", others, setting)
+    flt.load()

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from sandcell.cellapi import health
-from sandcell.isolation.cell import LocalCells, new_cell_id
-from sandcell.isolation.policy import CellPolicy
+from sandcell.isolation.cell import CellInfo, LocalCells, new_cell_id
+from sandcell.isolation.policy import CellPolicy, IsolationUnavailable
+from sandcell.network import bridge
+from sandcell.network.egress import EgressService
+
+log = logging.getLogger("sandcell.manager.backend")
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,18 @@ class Backend(Protocol):
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
 
+    async def _forget_destroyed(self) -> None:
+        """Closes the listeners of cells that another replica on this host destroyed (their
+        sockets would keep the dead cell's network namespace alive)."""
+        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
+        for cell_id in gone:
+            if self.egress is not None:
+                await self.egress.detach(self._sandbox_of.pop(cell_id))
+
+    async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
+        """A live cell found after a restart is kept: reattach what this process serves it."""
+        ...
+
     def owns(self, cell: dict[str, Any]) -> bool:
         """Whether this backend instance made the cell (replicas reconcile only their own)."""
         ...
@@ -43,10 +60,17 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, cells_dir: Path, cgroup_parent: str = "sandcell") -> None:
+    def __init__(
+        self,
+        cells_dir: Path,
+        cgroup_parent: str = "sandcell",
+        egress: EgressService | None = None,
+    ) -> None:
         self.cells = LocalCells(cells_dir, cgroup_parent=cgroup_parent)
         self.cgroup_parent = cgroup_parent
+        self.egress = egress
         self._neighbours: dict[str, LocalCells] = {}
+        self._sandbox_of: dict[str, str] = {}  # cell id -> sandbox id, for the egress listeners
 
     def _handle(self, cell_id: str, uds: str) -> CellHandle:
         cell = {"cell_id": cell_id, "cells_dir": str(self.cells.cells_dir)}
@@ -67,13 +91,53 @@ class LocalBackend:
         return self._neighbours[cells_dir]
 
     async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+        await self._forget_destroyed()
         cell_id = new_cell_id()
         info = await asyncio.to_thread(
             self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem
         )
+        try:
+            await self._attach_egress(sandbox_id, info)
+        except BaseException:
+            await self.destroy({"cell_id": info.cell_id, "cells_dir": str(self.cells.cells_dir)})
+            raise
         return self._handle(info.cell_id, info.uds)
 
+    async def _attach_egress(self, sandbox_id: str, info: CellInfo) -> None:
+        """The egress proxies' listeners, made inside the cell before any tenant code runs."""
+        if self.egress is None or not self.cells.privileged:
+            return  # entering a cell's namespace needs root: without it nothing leaves at all
+        try:
+            pid = await asyncio.to_thread(bridge.cell_pid, info.uid)
+            http, socks = await asyncio.to_thread(bridge.listen_in, pid)
+        except bridge.BridgeError as exc:
+            raise IsolationUnavailable("network", str(exc)) from exc
+        self._sandbox_of[info.cell_id] = sandbox_id
+        await self.egress.serve(sandbox_id, http, socks)
+
+    async def _forget_destroyed(self) -> None:
+        """Closes the listeners of cells that another replica on this host destroyed (their
+        sockets would keep the dead cell's network namespace alive)."""
+        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
+        for cell_id in gone:
+            if self.egress is not None:
+                await self.egress.detach(self._sandbox_of.pop(cell_id))
+
+    async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
+        infos = await asyncio.to_thread(self.cells.list)
+        info = next((i for i in infos if i.cell_id == handle.cell["cell_id"]), None)
+        if info is None or self.egress is None:
+            return
+        try:
+            await self._attach_egress(sandbox_id, info)
+        except IsolationUnavailable:
+            # Its code ran before this restart and may hold the ports: it keeps no egress.
+            log.warning("sandbox %s: egress listeners could not be restored", sandbox_id)
+
     async def destroy(self, cell: dict[str, Any]) -> None:
+        sandbox_id = self._sandbox_of.pop(str(cell["cell_id"]), None)
+        if sandbox_id is not None and self.egress is not None:
+            await self.egress.detach(sandbox_id)
         await asyncio.to_thread(self._cells_of(cell).destroy, str(cell["cell_id"]))
 
     async def list(self) -> list[CellHandle]:

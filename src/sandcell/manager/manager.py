@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
+from sandcell.cellapi.health import ProbeInconclusive
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
+from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize
 from sandcell.manager.pool import WarmCell, WarmPool
 from sandcell.manager.templates import Template
-from sandcell.store import SandboxRecord, Store
+from sandcell.network.environment import proxy_env
+from sandcell.store import Reservation, SandboxRecord, Store
 
 log = logging.getLogger("sandcell.manager")
 
@@ -72,7 +77,13 @@ class Manager:
     # -- service lifecycle ----------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.reconcile()
+        found = await self.reconcile()
+        if found["adopted"] or found["dropped"]:
+            log.info(
+                "from the last run: %s adopted, %s cleaned up",
+                counted(len(found["adopted"]), "live sandbox", "live sandboxes"),
+                counted(len(found["dropped"]), "dead one", "dead ones"),
+            )
         self.images.on_ready(lambda _: self._refill_ready_pools())
         self._refill_ready_pools()  # the others fill once their image is built
         self._reaper = asyncio.ensure_future(self._reap_forever())
@@ -88,9 +99,21 @@ class Manager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for pool in self.pools.values():
-            await pool.drain()
+        drained = sum([await pool.drain() for pool in self.pools.values()])
+        log.info(
+            "warm pools drained: %s destroyed",
+            counted(drained, "unclaimed cell", "unclaimed cells"),
+        )
         await asyncio.to_thread(self.images.close)
+
+    async def shutdown(self, *, delete_sandboxes: bool = False) -> list[str]:
+        """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
+        next start to adopt, or which are deleted first with `delete_sandboxes`."""
+        records = [r for r in await self.store.list_sandboxes() if self.backend.owns(r.cell)]
+        if delete_sandboxes:
+            for record in records:
+                await self.delete_sandbox(record.id)
+        return [r.id for r in records]
 
     # -- sandboxes ------------------------------------------------------------------------
 
@@ -112,15 +135,27 @@ class Manager:
         max_lifetime_s: int | None = None,
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        network: Any = None,
+        reservation: Reservation | None = None,
     ) -> SandboxRecord:
-        template = self.template(template_name)
-        within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
-        env = env or {}
-        validate_env(env)  # before any cell is made: the daemon would refuse it at init
-        # Pooled cells were initialised before anyone's env was known.
-        warm = None if env else await self.pools[template_name].claim()
-        if warm is None:
-            warm = await self._prepare(template, env)
+        """A running sandbox; the record takes `reservation`'s slot, which is given back if
+        the create fails. On failure nothing of the sandbox is left."""
+        try:
+            template = self.template(template_name)
+            within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
+            policy = template.network_policy(network)  # 400 malformed, 403 wider than the cap
+            env = env or {}
+            validate_env(env)  # before any cell is made: the daemon would refuse it at init
+            # Pooled cells were initialised before anyone's env was known, with the proxy
+            # variables of the template's default policy.
+            init_env = {**proxy_env(policy), **env}
+            pooled = not env and proxy_env(policy) == proxy_env(template.egress_policy())
+            warm = await self.pools[template_name].claim() if pooled else None
+            if warm is None:
+                warm = await self._prepare(template, init_env)
+        except BaseException:
+            await _each_step(lambda: self._release(reservation))
+            raise
         now = time.time()
         record = SandboxRecord(
             id=warm.sandbox_id,
@@ -136,20 +171,32 @@ class Manager:
             backend=self.backend.name,
             endpoint=warm.handle.endpoint,
             cell=warm.handle.cell,
+            network=policy.public(),
         )
         try:
-            await self.store.put_sandbox(record)
+            await self.store.put_sandbox(record, reservation)
             await self.store.put_session_key(record.id, tokens.private_pem(warm.session_key))
         except BaseException:
-            await self.store.delete_sandbox(record.id)
-            await self.backend.destroy(warm.handle.cell)
+            # The cell first: it holds a uid, memory and processes, and the store may be the
+            # very thing that failed.
+            await _each_step(
+                lambda: self.backend.destroy(warm.handle.cell),
+                lambda: self.store.delete_sandbox(record.id),
+                lambda: self._release(reservation),
+            )
             raise
         return record
+
+    async def _release(self, reservation: Reservation | None) -> None:
+        if reservation is not None:
+            await self.store.release_reservation(reservation)
 
     async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
         """A started and initialised cell; on any failure nothing of it is left."""
         sandbox_id = new_sandbox_id()
         policy = await self.images.policy_for(template)
+        if env is None:  # a pool's cell: the template's default policy
+            env = proxy_env(template.egress_policy())
         try:
             handle: CellHandle = await self.backend.create(policy, sandbox_id, self.bootstrap_pem)
         except IsolationUnavailable as exc:
@@ -163,7 +210,7 @@ class Manager:
                 self.bootstrap_key,
                 sandbox_id,
                 session_key,
-                env or {},
+                env,
                 self.init_timeout_s,
             )
         except BaseException as exc:
@@ -172,6 +219,14 @@ class Manager:
             await self.backend.destroy(handle.cell)
             raise
         return WarmCell(sandbox_id, handle, session_key)
+
+    async def set_network(self, record: SandboxRecord, requested: Any) -> SandboxRecord:
+        """A live policy change, capped like a create; new connections follow it at once
+        (the proxies read the policy from the store on every connection)."""
+        policy = self.template(record.template).network_policy(requested)
+        if not await self.store.set_network(record.id, policy.public()):
+            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+        return dataclasses.replace(record, network=policy.public())
 
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         """One deletion per sandbox at a time in this process; a second caller waits and then
@@ -225,7 +280,13 @@ class Manager:
             if record.id in skip or record.state != "running":
                 continue  # a deletion under way owns it
             seen.add(record.id)
-            if await self.backend.healthy(record.endpoint):
+            try:
+                healthy = await self.backend.healthy(record.endpoint)
+            except ProbeInconclusive as exc:
+                # Out of descriptors here says nothing of the cells: judge them next pass.
+                log.warning("health probes skipped: %s", exc.message)
+                return dead
+            if healthy:
                 self._unhealthy.pop(record.id, None)
                 continue
             self._unhealthy[record.id] = self._unhealthy.get(record.id, 0) + 1
@@ -255,6 +316,7 @@ class Manager:
                 continue  # another replica's cell: that replica reconciles it
             handle = cells.pop(_key(record.cell), None)
             if handle is not None and await self.backend.healthy(handle.endpoint):
+                await self.backend.adopt(record.id, handle)
                 adopted.append(record.id)
                 continue
             if handle is not None:
@@ -281,6 +343,16 @@ def within_lifetime(template: Template, **requested: int | None) -> None:
                 f"({template.max_lifetime_s} s)",
                 {"field": field, "limit": template.max_lifetime_s},
             )
+
+
+async def _each_step(*steps: Callable[[], Awaitable[object]]) -> None:
+    """Clean-up: runs every step even when an earlier one fails (each failure is logged; the
+    lease of a reservation and the reaper's reconciliation mop up what a failed step left)."""
+    for step in steps:
+        try:
+            await step()
+        except Exception as exc:  # typically the store being down: told once by its watch
+            log.warning("clean-up after a failed create left work for later: %r", exc)
 
 
 def _key(cell: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sandcell import tokens
+from sandcell.cellapi.health import ProbeInconclusive
 from sandcell.manager.backend import Backend, CellHandle
 
 log = logging.getLogger("sandcell.manager.pool")
@@ -35,6 +36,7 @@ class WarmPool:
         self._filling = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.failures = 0
+        self._announced = False
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -44,7 +46,12 @@ class WarmPool:
         try:
             while self._ready:
                 cell = self._ready.pop(0)
-                if await self._backend.healthy(cell.handle.endpoint):
+                try:
+                    healthy = await self._backend.healthy(cell.handle.endpoint)
+                except ProbeInconclusive:
+                    self._ready.insert(0, cell)  # unknown is not dead: keep it for later
+                    raise
+                if healthy:
                     return cell
                 await self._backend.destroy(cell.handle.cell)
             return None
@@ -64,6 +71,9 @@ class WarmPool:
     async def _fill_one(self) -> None:
         try:
             self._ready.append(await self._make())
+            if 0 < self.size <= len(self._ready) and not self._announced:
+                self._announced = True  # once: refills after each claim are routine
+                log.info("warm pool %s: full, %d cells ready", self.template, self.size)
         except Exception:  # a failed fill is counted and retried by the next refill
             self.failures += 1
             log.exception("warm pool %s: could not prepare a cell", self.template)
@@ -75,10 +85,12 @@ class WarmPool:
             while len(self._ready) < self.size:
                 await asyncio.sleep(0.02)
 
-    async def drain(self) -> None:
-        """Destroys every pooled cell; fills under way finish first (a cancelled start
-        would leave a cell that no one owns)."""
+    async def drain(self) -> int:
+        """Destroys every pooled cell and says how many; fills under way finish first (a
+        cancelled start would leave a cell that no one owns)."""
         self.size = 0
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        drained = len(self._ready)
         while self._ready:
             await self._backend.destroy(self._ready.pop().handle.cell)
+        return drained

@@ -6,11 +6,20 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.errors import SandcellError
 from sandcell.isolation.images.spec import ImageSpec
 from sandcell.isolation.policy import LAYERS, CellPolicy
+from sandcell.network.policy import MODES, Mode, NetworkPolicy, parse_policy, within_cap
 
 DEFAULT_TEMPLATE = "default"
 CODE_INTERPRETER = "code-interpreter"
@@ -28,7 +37,13 @@ class Template(BaseModel):
     cpus: float = Field(1.0, gt=0, le=1024)
     pids_max: int = Field(256, ge=8, le=4_194_304)
     disk_mb: int = Field(1024, ge=16, le=16_777_216)
-    network: str = Field("none", pattern="^(none|loopback)$")
+    # The egress policy a sandbox gets by default (SPEC §11), and the widest a request may ask.
+    network: Mode = "none"
+    network_allow: tuple[str, ...] = ()
+    network_deny: tuple[str, ...] = ()
+    network_max: Mode = "allowlist"
+    # Whether a request's allow entries may name loopback, private or link-local addresses.
+    network_internal: bool = False
     idle_timeout_s: int = Field(300, ge=1, le=604_800)
     max_lifetime_s: int = Field(3600, ge=1, le=2_592_000)
     warm_pool: int = Field(2, ge=0, le=1000)
@@ -44,13 +59,47 @@ class Template(BaseModel):
             raise ValueError(f"unknown layers {unknown}; known: {list(LAYERS)}")
         return layers
 
+    @field_validator("network", mode="before")
+    @classmethod
+    def _loopback_is_none(cls, value: Any) -> Any:
+        """Before egress policies, "loopback" meant what "none" means now: still accepted."""
+        return "none" if value == "loopback" else value
+
+    @model_validator(mode="after")
+    def _valid_network(self) -> Template:
+        policy = self.egress_policy()  # a malformed entry is a config error at start-up
+        if MODES.index(policy.egress) > MODES.index(self.network_max):
+            raise ValueError(f"network {self.network!r} is wider than network_max")
+        return self
+
+    def egress_policy(self) -> NetworkPolicy:
+        raw = {
+            "egress": self.network,
+            "allow": list(self.network_allow),
+            "deny": list(self.network_deny),
+        }
+        try:
+            return parse_policy(raw)
+        except SandcellError as exc:
+            raise ValueError(exc.message) from None
+
+    def network_policy(self, requested: Any) -> NetworkPolicy:
+        """The policy for a new sandbox or a live change: the request's, within this
+        template's cap (403 beyond), or the template's default when none is asked for."""
+        if requested is None:
+            return self.egress_policy()
+        policy = parse_policy(requested)
+        within_cap(policy, self.network_max, self.network_internal)
+        return policy
+
     def policy(self) -> CellPolicy:
         return CellPolicy(
             memory_mb=self.memory_mb,
             cpus=self.cpus,
             pids_max=self.pids_max,
             disk_mb=self.disk_mb,
-            network=self.network,
+            # Egress goes through the proxies; the cell's own loopback serves exposed ports.
+            network="loopback",
             inherit_env=self.inherit_env,
             allow_degraded=frozenset(self.allow_degraded),
             pod_image=self.image.oci,

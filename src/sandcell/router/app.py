@@ -14,21 +14,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from sandcell import __version__
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import parse_model, read_body
+from sandcell.http.bodies import BODY_BUDGET, parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
+from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import schemas, templates
+from sandcell.router import network, schemas, templates
 from sandcell.router.auth import Authenticator, Principal
+from sandcell.router.budget import ByteBudget
+from sandcell.router.fairshare import FairShare
 from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
 from sandcell.store import SandboxRecord, Store
 
-MAX_API_BODY = 1_048_576
+MIB = 1_048_576
+MAX_API_BODY = MIB
 log = logging.getLogger("sandcell.router")
 
 
@@ -36,6 +41,12 @@ log = logging.getLogger("sandcell.router")
 class Limits:
     max_inflight: int = 512
     max_sandboxes_per_key: int = 100
+    max_inflight_per_key: int = 0  # 0: a quarter of max_inflight
+    body_budget_bytes: int = 128 * MIB
+    body_budget_per_key_bytes: int = 32 * MIB
+
+    def inflight_share(self) -> int:
+        return self.max_inflight_per_key or max(1, self.max_inflight // 4)
 
 
 class Router:
@@ -52,10 +63,25 @@ class Router:
         self.auth = Authenticator(store)
         self.proxy = proxy or DaemonProxy(store)
         self.metrics = RouterMetrics()
+        self.fair_share = FairShare(self.limits.inflight_share())
+        self.bodies = ByteBudget(
+            self.limits.body_budget_bytes, self.limits.body_budget_per_key_bytes
+        )
 
     async def principal(self, request: Request) -> Principal:
+        """The caller, who from now on holds one of its key's in-flight slots and reads its
+        body out of its key's byte budget (both given back by `release`)."""
         client = request.client.host if request.client else "unknown"
-        return await self.auth.authenticate(request.headers.get("authorization"), client)
+        principal = await self.auth.authenticate(request.headers.get("authorization"), client)
+        self.fair_share.admit(request.scope, principal.name)
+        request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
+        return principal
+
+    def release(self, scope: Scope) -> None:
+        """At the end of a request, whatever `principal` made it hold."""
+        self.fair_share.release(scope)
+        if (lease := scope.get(BODY_BUDGET)) is not None:
+            lease.release()
 
     async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
         """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
@@ -79,7 +105,9 @@ async def create_sandbox(request: Request) -> Response:
     r = _router(request)
     principal = await r.principal(request)
     req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
-    if await r.store.count_sandboxes(principal.name) >= r.limits.max_sandboxes_per_key:
+    # Counting and holding a slot in one store step: concurrent creates cannot all pass.
+    reservation = await r.store.reserve_sandbox(principal.name, r.limits.max_sandboxes_per_key)
+    if reservation is None:
         raise SandcellError(
             ErrorCode.RATE_LIMITED,
             f"this key already has {r.limits.max_sandboxes_per_key} sandboxes",
@@ -92,6 +120,8 @@ async def create_sandbox(request: Request) -> Response:
         max_lifetime_s=req.max_lifetime_s,
         env=req.env,
         metadata=req.metadata,
+        network=req.network.policy() if req.network else None,
+        reservation=reservation,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 
@@ -123,14 +153,12 @@ async def keepalive(request: Request) -> Response:
 
 
 async def delete_sandbox(request: Request) -> Response:
-    """204 whether or not the sandbox is (still) there: DELETE is idempotent, and a
-    different answer for another principal's sandbox would reveal that it exists."""
+    """204 when the caller's sandbox is deleted (or a deletion racing this one wins); 404
+    when the caller has none by that id, another principal's included (not revealed)."""
     r = _router(request)
-    principal = await r.principal(request)
-    record = await r.store.get_sandbox(request.path_params["sandbox_id"])
-    if record is not None and principal.owns(record.owner):
-        r.proxy.forget(record)
-        await r.manager.delete_sandbox(record.id)
+    _, record = await r.owned(request)
+    r.proxy.forget(record)
+    await r.manager.delete_sandbox(record.id)
     return Response(status_code=204)
 
 
@@ -183,7 +211,7 @@ OPERATIONS = (
         body=schemas.CreateSandbox,
         response=schemas.Sandbox,
         status=201,
-        errors=(409, 413, 429, 503),
+        errors=(403, 409, 413, 429, 503),
     ),
     Operation(
         "GET", "/v1/sandboxes", list_sandboxes, "List your sandboxes", response=schemas.SandboxList
@@ -200,7 +228,8 @@ OPERATIONS = (
         response=schemas.Sandbox,
         errors=(404,),
     ),
-    Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204),
+    Operation("DELETE", _SBX, delete_sandbox, "Delete a sandbox", status=204, errors=(404,)),
+    *network.OPERATIONS,
     *(
         Operation(
             m,
@@ -232,7 +261,8 @@ STORE_OUTAGES = (
 
 
 async def _store_unavailable(request: Request, exc: Exception) -> Response:
-    log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
+    # Debug only: sandcell.store.health tells the operator once when the store goes and comes.
+    log.debug("store unavailable on %s %s: %s", request.method, printable(request.url.path), exc)
     error = SandcellError(
         ErrorCode.OVERLOADED,
         "the store is unavailable; retry shortly",
@@ -252,7 +282,11 @@ def create_app(router: Router) -> Starlette:
             await router.proxy.close()
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
-    app = Starlette(routes=routes(OPERATIONS), exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
     app.state.router = router
     app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
     app.add_middleware(RequestContext, router=router)

@@ -1,4 +1,10 @@
-"""API keys: who is calling, and a brake on guessing keys."""
+"""API keys: who is calling, and a brake on guessing keys.
+
+The brake slows failures only: a valid key is served whatever its address did before, so
+clients behind one NAT or proxy cannot lock each other out with a typo or a stale key. That
+leaves a guesser its answer at full speed, which is fine: a key holds 256 random bits, so
+what the brake protects is the store and the log from a flood of failures, not the keys.
+"""
 
 from __future__ import annotations
 
@@ -30,13 +36,13 @@ class Authenticator:
         self._failures: OrderedDict[str, TokenBucket] = OrderedDict()
 
     async def authenticate(self, authorization: str | None, client: str) -> Principal:
-        self._check_not_blocked(client)
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() == "bearer" and key.strip():
             # The lookup is by SHA-256 of the key: nothing secret is compared byte by byte.
             record = await self.store.get_api_key_by_hash(hash_api_key(key.strip()))
             if record is not None and not record.revoked:
                 return Principal(record.principal, record.admin)
+        self._check_not_blocked(client)
         self._record_failure(client)
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing, unknown or revoked API key")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -14,12 +15,16 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandcell.errors import ErrorCode, error_body
+from sandcell.http.errors import CLIENT_CLOSED
+from sandcell.logs import printable
 
 if TYPE_CHECKING:
     from sandcell.router.app import Router
 
 log = logging.getLogger("sandcell.access")
 REQUEST_ID = b"x-request-id"
+# Echoed in a response header and logged: visible ASCII only.
+CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 
 
 class RequestContext:
@@ -55,15 +60,17 @@ class RequestContext:
         finally:
             self.inflight -= 1
             metrics.inflight.dec()
+            self.router.release(scope)
             route = _route_name(scope)
             elapsed = time.perf_counter() - started
             metrics.requests.labels(route, scope["method"], str(status)).inc()
             metrics.latency.labels(route).observe(elapsed)
             log.info(
-                "%s %s %s",
-                scope["method"],
-                scope["path"],
+                "%s %s %s%s",
+                printable(scope["method"]),
+                printable(scope["path"]),
                 status,
+                " client disconnected" if status == CLIENT_CLOSED else "",
                 extra={
                     "request_id": request_id.decode(),
                     "status": status,
@@ -75,7 +82,7 @@ class RequestContext:
 
 def _request_id(scope: Scope) -> bytes:
     for name, value in scope.get("headers", []):
-        if name == REQUEST_ID and 0 < len(value) <= 128 and value.isascii():
+        if name == REQUEST_ID and CLIENT_REQUEST_ID.fullmatch(value):
             return value
     return secrets.token_hex(8).encode()
 

@@ -119,9 +119,13 @@ class DaemonProxy:
                 _close_later(evicted)
         return client
 
-    async def forward(self, request: Request, record: SandboxRecord, rest: str) -> Response:
+    async def forward(
+        self, request: Request, record: SandboxRecord, rest: str, target: str | None = None
+    ) -> Response:
+        """`target` is the daemon's path when the request's own path is not a sandbox path
+        (a preview URL); by default it is derived from the request."""
         key = await self._session_key(record.id)
-        target = _daemon_target(request, rest)
+        target = target or _daemon_target(request, rest)
         body, content = await _body(request, rest)
         token = tokens.mint_request_token(key, record.id, request.method, target, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandcell.network.policy import MAX_ENTRIES, Mode
+from sandcell.network.preview import MAX_EXPIRES_IN_S
 from sandcell.store import SandboxRecord
 
 MAX_METADATA_ITEMS = 64
@@ -15,12 +17,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Network(_Strict):
+    """An egress policy (SPEC §11); entries are checked one by one, a bad one is named."""
+
+    egress: Mode | None = None
+    allow: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES)
+    deny: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES)
+
+    def policy(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class PreviewUrl(_Strict):
+    expires_in_s: int = Field(3600, ge=1, le=MAX_EXPIRES_IN_S)
+
+
+class PreviewUrlResponse(BaseModel):
+    url: str
+    expires_at: str
+    host_url: str | None = None  # with server.preview_domain: the app at its own host's root
+
+
 class CreateSandbox(_Strict):
     template: str = Field("default", min_length=1, max_length=64)
     idle_timeout_s: int | None = Field(None, ge=1, le=604_800)
     max_lifetime_s: int | None = Field(None, ge=1, le=2_592_000)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=MAX_METADATA_ITEMS)
+    network: Network | None = None  # default: the template's policy
 
 
 class Keepalive(_Strict):
@@ -36,6 +60,7 @@ class Sandbox(BaseModel):
     idle_timeout_s: int
     last_activity_at: str
     metadata: dict[str, str]
+    network: dict[str, Any]
 
 
 class SandboxList(BaseModel):
@@ -62,4 +87,5 @@ def sandbox_view(record: SandboxRecord) -> dict:
         "idle_timeout_s": record.idle_timeout_s,
         "last_activity_at": rfc3339(record.last_activity_at),
         "metadata": record.metadata,
+        "network": record.network,
     }

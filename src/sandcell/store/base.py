@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+import json
+import secrets
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from .crypto import Sealer
 from .records import STATES, ApiKeyRecord, SandboxRecord, State
 
 FieldValue = str | int | float | bytes
 SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed session private key
+# How long a slot held for a create in flight counts without its sandbox: far longer than any
+# create takes, and the bound on what a process that died mid-create keeps from its owner.
+RESERVATION_LEASE_S = 600.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One of an owner's sandbox slots, held by a create in flight (see `reserve_sandbox`)."""
+
+    owner: str
+    token: str
+    until: float
+
+    @classmethod
+    def new(cls, owner: str, now: float | None = None) -> Reservation:
+        start = time.time() if now is None else now
+        return cls(owner, f"reserved-{secrets.token_hex(8)}", start + RESERVATION_LEASE_S)
 
 
 class ApiKeyExistsError(Exception):
@@ -52,8 +73,26 @@ class Store(ABC):
     # -- sandboxes ---------------------------------------------------------------------------
 
     @abstractmethod
-    async def put_sandbox(self, rec: SandboxRecord) -> None:
-        """Create or replace a sandbox record; a session key already stored for it is kept."""
+    async def put_sandbox(self, rec: SandboxRecord, reservation: Reservation | None = None) -> None:
+        """Create or replace a sandbox record; a session key already stored for it is kept.
+
+        With a `reservation` (of the record's owner), the record takes the reserved slot's place
+        in the same step, so the sandbox is never counted twice nor zero times.
+        """
+
+    @abstractmethod
+    async def reserve_sandbox(self, owner: str, limit: int) -> Reservation | None:
+        """Hold one of `owner`'s `limit` sandbox slots for a create in flight, or None if they
+        are all taken (by sandboxes or by other reservations).
+
+        Counting and holding are one atomic step, so concurrent creates cannot all pass the
+        check before any of them is counted. A reservation ends when `put_sandbox` consumes it,
+        when `release_reservation` drops it, or at its lease's end (a process died mid-create).
+        """
+
+    @abstractmethod
+    async def release_reservation(self, reservation: Reservation) -> None:
+        """Give the slot back (a create failed); a no-op once consumed or expired."""
 
     @abstractmethod
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None: ...
@@ -62,6 +101,11 @@ class Store(ABC):
         if state not in STATES:
             raise ValueError(f"invalid sandbox state {state!r}; expected one of {STATES}")
         return await self._update_if_exists(sandbox_id, {"state": state})
+
+    async def set_network(self, sandbox_id: str, policy: Mapping[str, Any]) -> bool:
+        """Replace a sandbox's egress policy; the proxies read it on every new connection."""
+        text = json.dumps(dict(policy), separators=(",", ":"), sort_keys=True)
+        return await self._update_if_exists(sandbox_id, {"network": text})
 
     @abstractmethod
     async def touch(self, sandbox_id: str, now: float, idle_timeout_s: int | None = None) -> bool:

@@ -32,6 +32,8 @@ def _text(value: Any) -> str:
 
 
 def _json_dict(value: Any) -> dict[str, Any]:
+    if value is None:  # a field added after the record was written (Redis hashes)
+        return {}
     return json.loads(value) if isinstance(value, str | bytes) else dict(value)
 
 
@@ -95,6 +97,7 @@ class SandboxRecord(_Record):
     backend: str = ""
     endpoint: dict[str, str | int] = field(default_factory=dict)
     cell: dict[str, str | int] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)  # the egress policy (SPEC §11)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

@@ -6,6 +6,7 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:{idx}:expiry          zset    id -> expires_at (exact)
     sandcell:{idx}:idle            zset    id -> last_activity_at + idle_timeout_s (lower bound)
     sandcell:{idx}:owner:<owner>   zset    id -> when the entry was written
+    sandcell:quota:{<owner>}       zset    id -> expires_at; reservation token -> its lease's end
     sandcell:apikey:{<key hash>}   hash    ApiKeyRecord.to_flat()
     sandcell:{apikeys}:names       hash    name -> key hash
     sandcell:secret:{<name>}       string  sealed value
@@ -22,6 +23,12 @@ The idle index holds a lower bound of each idle deadline, so the hot path, touch
 hash fields (activity only pushes the deadline later); it writes the index too only when a new
 idle timeout could pull the deadline earlier. due_for_reaping checks every candidate against its
 hash and moves those not yet due to their true idle deadline.
+
+The quota set counts an owner's sandboxes and the creates in flight that hold a slot. It is one
+key, so a script can count and reserve atomically (`reserve_sandbox`) and a record can take its
+reservation's place in one step. Every entry carries its own end (a sandbox cannot outlive its
+`expires_at`, a reservation its lease), and the reserve script drops ended ones first: an entry
+that a crash left behind stops counting by itself.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Store
+from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
 from .records import ApiKeyRecord, SandboxRecord, deadline_of
 
@@ -47,7 +54,7 @@ _SBX_FIELDS = SandboxRecord.fields()
 _KEY_FIELDS = ApiKeyRecord.fields()
 _DEADLINE_FIELDS = ("expires_at", "last_activity_at", "idle_timeout_s")
 
-# Both scripts touch a single key, so they are safe on a cluster.
+# Every script touches a single key, so they are safe on a cluster.
 _HSET_IF_EXISTS = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
@@ -60,6 +67,18 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 return 1
 """
 
+_RESERVE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+return 1
+"""
+_TAKE_SLOT = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+return 1
+"""
+
 
 def _sandbox_key(sandbox_id: str) -> str:
     return f"sandcell:sbx:{{{sandbox_id}}}"
@@ -67,6 +86,10 @@ def _sandbox_key(sandbox_id: str) -> str:
 
 def _owner_index(owner: str) -> str:
     return f"sandcell:{{idx}}:owner:{owner}"
+
+
+def _quota_key(owner: str) -> str:
+    return f"sandcell:quota:{{{owner}}}"
 
 
 def _api_key_key(key_hash: str) -> str:
@@ -103,14 +126,25 @@ class RedisStore(Store):
 
     # -- sandboxes ---------------------------------------------------------------------------
 
-    async def put_sandbox(self, rec: SandboxRecord) -> None:
+    async def put_sandbox(self, rec: SandboxRecord, reservation: Reservation | None = None) -> None:
+        token = reservation.token if reservation is not None else ""
         async with self._r.pipeline(transaction=False) as p:
             # Indexes first: a crash part-way leaves a stale index entry, never a lost sandbox.
             p.zadd(EXPIRY_INDEX, {rec.id: rec.expires_at})
             p.zadd(IDLE_INDEX, {rec.id: rec.last_activity_at + rec.idle_timeout_s})
             p.zadd(_owner_index(rec.owner), {rec.id: time.time()})
+            p.eval(_TAKE_SLOT, 1, _quota_key(rec.owner), token, rec.id, rec.expires_at)
             p.hset(_sandbox_key(rec.id), mapping=rec.to_flat())
             await p.execute()
+
+    async def reserve_sandbox(self, owner: str, limit: int) -> Reservation | None:
+        reservation = Reservation.new(owner)
+        args = (time.time(), limit, reservation.until, reservation.token)
+        held = await self._r.eval(_RESERVE, 1, _quota_key(owner), *args)
+        return reservation if held else None
+
+    async def release_reservation(self, reservation: Reservation) -> None:
+        await self._r.zrem(_quota_key(reservation.owner), reservation.token)
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         values = await self._r.hmget(_sandbox_key(sandbox_id), _SBX_FIELDS)
@@ -134,7 +168,8 @@ class RedisStore(Store):
         records = [_from_hmget(SandboxRecord, row) for row in rows]
         cutoff = time.time() - STALE_GRACE_S
         gone = zip(ids, entries, records, strict=True)
-        await self._prune([i for i, (_, score), r in gone if r is None and score <= cutoff], index)
+        stale = [i for i, (_, score), r in gone if r is None and score <= cutoff]
+        await self._prune(stale, index, *([] if owner is None else [_quota_key(owner)]))
         live = [r for r in records if r is not None and owner in (None, r.owner)]
         return sorted(live, key=lambda r: (r.created_at, r.id))
 
@@ -195,7 +230,10 @@ class RedisStore(Store):
             p.zrem(IDLE_INDEX, sandbox_id)
             owner, deleted, *_ = await p.execute()
         if owner is not None:
-            await self._r.zrem(_owner_index(owner.decode()), sandbox_id)
+            async with self._r.pipeline(transaction=False) as p:
+                p.zrem(_owner_index(owner.decode()), sandbox_id)
+                p.zrem(_quota_key(owner.decode()), sandbox_id)
+                await p.execute()
         return deleted == 1
 
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:

@@ -9,18 +9,22 @@ write lock. One connection, guarded by a lock, serves every thread and task of t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Store
+from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
 from .records import ApiKeyRecord, SandboxRecord
 
-SCHEMA_VERSION = 1  # kept in PRAGMA user_version
+SCHEMA_VERSION = 2  # kept in PRAGMA user_version; 2 added `reservations` and `network`
+# Version 1 files gain the new column here; new tables come from _SCHEMA (IF NOT EXISTS).
+_FROM_V1 = "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'"
 BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
@@ -38,6 +42,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     backend          TEXT NOT NULL,
     endpoint         TEXT NOT NULL,  -- JSON
     cell             TEXT NOT NULL,  -- JSON
+    network          TEXT NOT NULL DEFAULT '{}',  -- JSON, since version 2
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
@@ -53,6 +58,12 @@ CREATE TABLE IF NOT EXISTS api_keys (
     created_at REAL NOT NULL,
     revoked    INTEGER NOT NULL
 ) STRICT;
+CREATE TABLE IF NOT EXISTS reservations (  -- sandbox slots held by creates in flight
+    token TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    until REAL NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS reservations_by_owner ON reservations (owner);
 CREATE TABLE IF NOT EXISTS secrets (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL  -- sealed
@@ -88,10 +99,19 @@ def _migrate(conn: sqlite3.Connection) -> None:
             f"({SCHEMA_VERSION}); upgrade sandcell"
         )
     if version < SCHEMA_VERSION:
-        # IF NOT EXISTS + IMMEDIATE: processes opening a fresh file together serialise here.
-        conn.executescript(
-            f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
-        )
+        # IMMEDIATE: processes opening a fresh or old file together serialise here.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
+            if columns and "network" not in columns:
+                conn.execute(_FROM_V1)
+            for statement in _SCHEMA.split(";\n"):  # IF NOT EXISTS: new tables and indexes
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
 
 class SQLiteStore(Store):
@@ -119,10 +139,50 @@ class SQLiteStore(Store):
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Several statements as one: BEGIN IMMEDIATE takes the write lock up front, so what
+        the transaction reads stays true until it commits, for other processes too."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
     # -- sandboxes ---------------------------------------------------------------------------
 
-    async def put_sandbox(self, rec: SandboxRecord) -> None:
-        self._write(_UPSERT_SANDBOX, rec.to_flat())
+    async def put_sandbox(self, rec: SandboxRecord, reservation: Reservation | None = None) -> None:
+        if reservation is None:
+            self._write(_UPSERT_SANDBOX, rec.to_flat())
+            return
+        with self._transaction() as conn:
+            conn.execute(_UPSERT_SANDBOX, rec.to_flat())
+            conn.execute("DELETE FROM reservations WHERE token = ?", (reservation.token,))
+
+    async def reserve_sandbox(self, owner: str, limit: int) -> Reservation | None:
+        reservation = Reservation.new(owner)
+        now = time.time()
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM reservations WHERE until <= ?", (now,))
+            # Like Redis's quota set: a sandbox past its lifetime is the reaper's, not a slot.
+            held = conn.execute(
+                "SELECT (SELECT COUNT(*) FROM sandboxes WHERE owner = ? AND expires_at > ?)"
+                " + (SELECT COUNT(*) FROM reservations WHERE owner = ?)",
+                (owner, now, owner),
+            ).fetchone()[0]
+            if held >= limit:
+                return None
+            conn.execute(
+                "INSERT INTO reservations (token, owner, until) VALUES (?, ?, ?)",
+                (reservation.token, owner, reservation.until),
+            )
+        return reservation
+
+    async def release_reservation(self, reservation: Reservation) -> None:
+        self._write("DELETE FROM reservations WHERE token = ?", (reservation.token,))
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         rows = self._read(f"SELECT {_SBX_COLS} FROM sandboxes WHERE id = ?", (sandbox_id,))  # noqa: S608

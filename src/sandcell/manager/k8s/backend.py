@@ -226,6 +226,9 @@ class KubernetesBackend:
     async def healthy(self, endpoint: dict[str, Any]) -> bool:
         return await health.probe(endpoint)
 
+    async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
+        """Nothing to reattach: a pod's egress goes through the shared egress service."""
+
     async def aclose(self) -> None:
         await self.client.aclose()
 

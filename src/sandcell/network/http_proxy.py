@@ -1,0 +1,121 @@
+"""The HTTP egress proxy: `CONNECT host:port` tunnels and absolute-form forward requests.
+
+h11 parses the request head strictly; what follows the head (a tunnel's bytes, a request body in
+whatever framing the client chose) is relayed raw, so nothing is buffered beyond one chunk.
+Forwarded requests get `Connection: close`: one request per upstream connection keeps every
+request on a connection whose destination was checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+import h11
+
+from sandcell.network.egress import EgressService, Refused
+
+MAX_HEAD = 16_384
+# Meant for the proxy, not the origin: never forwarded.
+PROXY_HEADERS = {b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"}
+
+
+class BadRequest(Exception):
+    pass
+
+
+async def handle(
+    service: EgressService,
+    sandbox_id: str,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    try:
+        head, rest = await asyncio.wait_for(_read_head(reader), service.limits.head_timeout_s)
+        request = _parse(head)
+        host, port, origin_form = _destination(request)
+    except BadRequest as exc:
+        await _answer(writer, 400, str(exc))
+        return
+    tunnel = request.method == b"CONNECT"
+    decision = await service.authorize(sandbox_id, "connect" if tunnel else "http", host, port)
+    if not decision.allowed:
+        await _answer(writer, 403, f"refused by the sandbox's egress policy: {decision.reason}")
+        return
+    try:
+        upstream = await service.connect(decision, port)
+    except Refused as exc:
+        await _answer(writer, 502, exc.reason)
+        return
+    if tunnel:
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    else:
+        upstream[1].write(_origin_head(request, origin_form))
+    upstream[1].write(rest)
+    await service.pipe((reader, writer), upstream)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """The request head (through the blank line) and any bytes read past it."""
+    buffer = b""
+    while (end := buffer.find(b"\r\n\r\n")) < 0:
+        if len(buffer) > MAX_HEAD:
+            raise BadRequest("request head too large")
+        chunk = await reader.read(MAX_HEAD)
+        if not chunk:
+            raise ConnectionResetError("closed before a complete request head")
+        buffer += chunk
+    return buffer[: end + 4], buffer[end + 4 :]
+
+
+def _parse(head: bytes) -> h11.Request:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+    try:
+        conn.receive_data(head)
+        event = conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise BadRequest(f"malformed request: {exc}") from None
+    if not isinstance(event, h11.Request):
+        raise BadRequest("malformed request")
+    return event
+
+
+def _destination(request: h11.Request) -> tuple[str, int, bytes]:
+    """(host, port, the origin-form target to forward; empty for CONNECT)."""
+    target = request.target.decode("ascii", "replace")
+    if request.method == b"CONNECT":
+        parts = urlsplit(f"//{target}")
+        default = None
+    else:
+        parts = urlsplit(target)
+        if parts.scheme != "http":
+            raise BadRequest("a proxy request needs an absolute http:// URL (or CONNECT)")
+        default = 80
+    try:
+        port = parts.port or default
+    except ValueError:
+        raise BadRequest(f"invalid port in {target!r}") from None
+    if not parts.hostname or port is None:
+        raise BadRequest(f"{target!r} names no host and port")
+    path = parts.path or "/"
+    origin = (path + (f"?{parts.query}" if parts.query else "")).encode("ascii", "replace")
+    return parts.hostname, port, origin
+
+
+def _origin_head(request: h11.Request, target: bytes) -> bytes:
+    lines = [request.method + b" " + target + b" HTTP/1.1"]
+    lines += [name + b": " + value for name, value in request.headers if name not in PROXY_HEADERS]
+    lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    body = (reason + "\n").encode()
+    phrase = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    writer.write(
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"x-sandcell-egress: refused\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
