@@ -6,6 +6,7 @@ or a socket; the end-to-end tests cover the same path through real processes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from starlette.routing import Route
 
 from sandcell import tokens
 from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.daemon import spawn
 from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
 from sandcell.http.errors import EXCEPTION_HANDLERS
@@ -29,6 +31,13 @@ from sandcell.store import SandboxRecord, Sealer, open_store
 SANDBOX_ID = "sbx-inproc"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _spawner() -> None:
+    """The daemon's spawner thread, unconfined (this test process is not a cell)."""
+    with contextlib.suppress(RuntimeError):  # already running in this process
+        spawn.start(spawn.OwnOomScore(), confine=None)
+
+
 def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
     config = DaemonConfig(
         sandbox_id=SANDBOX_ID,
@@ -36,6 +45,7 @@ def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
         workspace=str(workspace),
         uds=None,
         listen=("127.0.0.1", 0),
+        fd=None,
         inherit_env=DEFAULT_INHERIT,
         disk_quota_bytes=8 << 20,
         landlock=False,
