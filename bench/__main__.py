@@ -37,8 +37,27 @@ def run(quick: bool) -> list[figures.Row]:
             rows += figures.cold_creates(cold, colds)
         finally:
             cold.close()
+        rows += _image_template(Path(tmp), claims, colds)
     rows += figures.cell_start_and_memory(starts)
     rows += egress.figures(size_mib=64 if quick else 256, repeats=3 if quick else 10, n=n)
+    return rows
+
+
+def _image_template(tmp: Path, claims: int, colds: int) -> list[figures.Row]:
+    """The same two figures for a template of a built image (a busybox OCI archive)."""
+    label = " (image template)"
+    rows: list[figures.Row] = []
+    warm = figures.image_template_server(tmp, warm_pool=2)
+    try:
+        warm.wait_pool(2)
+        rows += figures.warm_claims(warm, claims, label)[1:]
+    finally:
+        warm.close()
+    cold = figures.image_template_server(tmp, warm_pool=0)
+    try:
+        rows += figures.cold_creates(cold, colds, label)[1:]
+    finally:
+        cold.close()
     return rows
 
 

@@ -12,9 +12,10 @@ from sandcell.settings import load_settings
 from sandcell.store import Sealer, load_store_key, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support import oci
 from support.server import RunningServer, start_server
 
-__all__ = ["RunningServer", "direct_client", "start_server"]
+__all__ = ["RunningServer", "direct_client", "oci", "start_server"]
 
 
 def direct_client(server: RunningServer, sandbox_id: str) -> DaemonClient:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import tempfile
@@ -13,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from bench.environment import RunningServer, direct_client, start_server
+from bench.environment import RunningServer, direct_client, oci, start_server
 from bench.stats import sample_ms, summary
 from sandcell import tokens
 from sandcell.isolation.bwrap import SYSTEM_LINKS
@@ -61,17 +62,22 @@ def row(name: str, samples: list[float], baseline: Row | None = None, target: st
 
 
 class Server:
-    """A `sandcell serve` with a key, for the figures that go through the router."""
+    """A `sandcell serve` with a key, for the figures that go through the router. `template`
+    is the one its sandboxes are made of (`image_template_server` adds an image one)."""
 
-    def __init__(self, root: Path, warm_pool: int) -> None:
+    def __init__(
+        self, root: Path, warm_pool: int, config_text: str = "", template: str = "default"
+    ) -> None:
         self.srv: RunningServer = start_server(
-            root / f"data-{warm_pool}", config_text=TEMPLATE.format(warm_pool=warm_pool)
+            root / f"data-{warm_pool}-{template}",
+            config_text=TEMPLATE.format(warm_pool=warm_pool) + config_text,
         )
-        self.key = self.srv.create_key("bench")
+        self.key = self.srv.create_key("bench", admin=True)
         self.http = self.srv.client(self.key)
+        self.template = template
 
     def create(self) -> str:
-        r = self.http.post("/v1/sandboxes", json={})
+        r = self.http.post("/v1/sandboxes", json={"template": self.template})
         r.raise_for_status()
         return r.json()["id"]
 
@@ -86,7 +92,7 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = self.http.get("/metrics").text
-            if f'sandcell_pool_ready{{template="default"}} {float(size)}' in text:
+            if f'sandcell_pool_ready{{template="{self.template}"}} {float(size)}' in text:
                 return
             time.sleep(0.02)
         raise TimeoutError("warm pool did not refill")
@@ -159,7 +165,19 @@ def throughput(server: Server, clients: int = 16, seconds: float = 10.0) -> list
     return [out]
 
 
-def warm_claims(server: Server, n: int) -> list[Row]:
+def image_template_server(root: Path, warm_pool: int) -> Server:
+    """A server whose `tiny` template is a busybox OCI image (no Python), built before use."""
+    oci.write_archive(root / "busybox.tar", [oci.busybox_rootfs()])
+    image = f'[templates.tiny]\nwarm_pool = {warm_pool}\nimage.base = "oci-archive:busybox.tar"\n'
+    server = Server(root, warm_pool, image, template="tiny")
+    with server.http.stream("POST", "/v1/templates/tiny/build", timeout=300) as r:
+        events = [json.loads(line) for line in r.iter_lines() if line]
+    if events[-1]["event"] != "done":
+        raise RuntimeError(f"the bench image did not build: {events[-1]}")
+    return server
+
+
+def warm_claims(server: Server, n: int, label: str = "") -> list[Row]:
     base = row("bare bwrap ... true", sample_ms(_run(_bwrap("/usr/bin/true")), n))
     samples = []
     for _ in range(n):
@@ -171,11 +189,16 @@ def warm_claims(server: Server, n: int) -> list[Row]:
         server.delete(sandbox_id)
     return [
         base,
-        row("warm-pool claim to first exec result", samples, base, "<= 20 ms median, <= 60 ms p99"),
+        row(
+            f"warm-pool claim to first exec result{label}",
+            samples,
+            base,
+            "<= 20 ms median, <= 60 ms p99",
+        ),
     ]
 
 
-def cold_creates(server: Server, n: int) -> list[Row]:
+def cold_creates(server: Server, n: int, label: str = "") -> list[Row]:
     base = row(
         "bare bwrap ... python3 -c pass",
         sample_ms(_run(_bwrap("/usr/bin/python3", "-c", "pass")), n, warmup=3),
@@ -189,7 +212,7 @@ def cold_creates(server: Server, n: int) -> list[Row]:
     return [
         base,
         row(
-            "cold create (empty pool) to first exec result",
+            f"cold create (empty pool) to first exec result{label}",
             sample_ms(create_and_exec, n, warmup=1),
             base,
             "<= 300 ms median",

@@ -12,6 +12,9 @@ dpkg -s libseccomp2 >/dev/null 2>&1 || need_apt+=(libseccomp2)
 command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl)  # the egress tests run curl inside cells
+# Images (SPEC §12): debian:<suite> bases, and the tests' own tiny OCI image.
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
+command -v busybox >/dev/null || need_apt+=(busybox-static)
 if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

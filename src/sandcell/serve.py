@@ -19,6 +19,7 @@ from sandcell.http.guard import guarded_protocol
 from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted, quiet_repeats
 from sandcell.manager.backend import Backend, LocalBackend
+from sandcell.manager.images import TemplateImages
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.network.egress import EgressService, policy_from_store
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
@@ -160,6 +161,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             await _bootstrap_key(store, settings),
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
+            images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
         )
         limits = Limits(
             settings.max_inflight,

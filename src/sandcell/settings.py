@@ -91,7 +91,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         log_format=str(server.get("log_format", "text")),
         reap_interval_s=float(server.get("reap_interval_s", 5.0)),
         init_timeout_s=float(server.get("init_timeout_s", 10.0)),
-        templates=parse_templates(raw),
+        templates=parse_templates(raw, config.parent if config else None),
         backend=str(server.get("backend", "local")),
         kubernetes=parse_kubernetes(raw),
         preview_domain=str(server.get("preview_domain", "")).lower().strip("."),

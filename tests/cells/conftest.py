@@ -31,6 +31,7 @@ from sandcell.isolation.cell import (
     LocalCells,
     new_cell_id,
 )
+from sandcell.isolation.images.stage import host_python
 from sandcell.isolation.policy import CellPolicy
 
 CELL_UIDS = range(DEFAULT_UID_BASE, DEFAULT_UID_BASE + DEFAULT_UID_COUNT)
@@ -60,6 +61,7 @@ class Cell:
     policy: CellPolicy
     sandbox_id: str
     owner: CellFactory = field(repr=False)
+    python: tuple[str, ...] = ("/usr/bin/python3",)  # an image cell's is the staged runtime
 
     def run(self, command: str | list[str], timeout_s: float = 20, **fields: Any) -> dict:
         return self.client.exec(command, timeout_s=timeout_s, **fields)
@@ -69,7 +71,7 @@ class Cell:
 
     def py(self, code: str, *args: str, timeout_s: float = 20, **fields: Any) -> dict:
         return self.run(
-            ["/usr/bin/python3", "-c", textwrap.dedent(code), *args], timeout_s=timeout_s, **fields
+            [*self.python, "-c", textwrap.dedent(code), *args], timeout_s=timeout_s, **fields
         )
 
     def py_json(self, code: str, *args: str, timeout_s: float = 20, **fields: Any) -> Any:
@@ -116,7 +118,8 @@ class CellFactory:
         cell_id, sandbox_id = new_cell_id(), f"sbx-{secrets.token_hex(4)}"
         info = self.cells.create(cell_id, policy, sandbox_id, tokens.public_pem(bootstrap))
         client = DaemonClient({"uds": info.uds}, sandbox_id, session, timeout_s=60)
-        cell = Cell(info, client, policy, sandbox_id, self)
+        python = tuple(host_python()) if policy.image_root else Cell.python
+        cell = Cell(info, client, policy, sandbox_id, self, python)
         self.live[cell_id] = cell
         self.uids.add(info.uid)
         if init:
@@ -205,9 +208,13 @@ def assert_nothing_left(factory: CellFactory) -> None:
     driver = cgroups.detect(factory.parent)
     assert driver.list_names() == [], f"cgroups left under {factory.parent}"
     assert mounts_under(factory.root) == [], "mounts left behind"
-    assert wait_until(lambda: not processes_of_uids(factory.uids), 5), (
-        f"processes of the cells' uids left: {processes_of_uids(factory.uids)}"
-    )
+
+    def left() -> dict[int, str]:
+        """Uids are recycled: another sandcell's cell may hold one of ours by now."""
+        procs = processes_of_uids(factory.uids)
+        return {p: c for p, c in procs.items() if not foreign_cell(p, [factory.parent])}
+
+    assert wait_until(lambda: not left(), 5), f"processes of the cells' uids left: {left()}"
 
 
 # -- fixtures ------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ def test_banner_graceful_stop_and_adoption(tmp_path: Path, servers: list[Running
     assert "1 sandbox stays running for the next start to adopt" in said
     assert "Traceback" not in said
     # The store was closed: SQLite folds its write-ahead log back and removes it.
-    assert sorted(p.name for p in first.data_dir.iterdir()) == ["cells", "sandcell.db", "store.key"]
+    left = sorted(p.name for p in first.data_dir.iterdir())
+    assert left == ["cells", "images", "sandcell.db", "store.key"]
 
     second = launch(tmp_path)
     servers.append(second)
@@ -130,7 +131,8 @@ def test_json_logs_without_access_log_and_cleanup_on_exit(
     started = next(line for line in lines if "url" in line)
     assert started["url"] == server.url and started["level"] == "INFO"
     assert next(line for line in lines if "data_dir" in line)["data_dir"] == str(server.data_dir)
-    assert next(line for line in lines if "warm_pools" in line)["warm_pools"] == {"default": 0}
+    pools = next(line for line in lines if "warm_pools" in line)["warm_pools"]
+    assert pools == {"default": 0, "code-interpreter": 0}  # a built-in: built on first use
     assert by_message["deleted 1 sandbox (--cleanup-on-exit)"]["deleted"] == 1
     assert any(m.startswith("shutting down (SIGTERM)") for m in by_message)
     assert not [line for line in lines if line["logger"] == "sandcell.access"]

@@ -8,8 +8,11 @@ spec declares is run against the pod IP; activeDeadlineSeconds fails the pod; de
 SIGTERM, then kills every process of the pod after the grace period.
 
 The only translations from a real node, since there is no image and no network namespace:
-- the image is this checkout: `sandcell daemon ARGS` runs as `python -m sandcell.daemon ARGS`
-  (any other command fails the container with StartError);
+- the image is this checkout: `sandcell daemon ARGS` runs as `python -m sandcell.daemon ARGS`,
+  `python -m MODULE ARGS` with this interpreter; a command inside a volume (the daemon
+  runtime an init container copied there, SPEC §12) runs from that volume's directory, on
+  the host's root (any other command fails the container with StartError);
+- init containers run to completion, in order, before the container starts;
 - a listen address `0.0.0.0:PORT` in the arguments is narrowed to `POD_IP:PORT`;
 - an emptyDir is a host directory, and an env value naming a mount path names that directory.
 """
@@ -149,8 +152,11 @@ class Kubelet:
         )
         self.pod_dirs[key] = pod_dir = self.root / pod["metadata"]["uid"]
         try:
+            volumes = self._volumes(pod["spec"], pod_dir)
+            for init in pod["spec"].get("initContainers", []):
+                await asyncio.to_thread(self._run_init, pod["spec"], init, volumes, pod_dir)
             # In the loop, not a thread: a delete meanwhile must find the container.
-            container = self._start_container(pod, ip, pod_dir)
+            container = self._start_container(pod, ip, volumes, pod_dir)
         except ContainerError as exc:
             self._fail_start(key, pod, exc.reason, str(exc))
             return
@@ -171,22 +177,30 @@ class Kubelet:
             containerStatuses=[_container_status(pod, waiting, ready=False)],
         )
 
-    def _start_container(self, pod: dict[str, Any], ip: str, pod_dir: Path) -> Container:
+    def _run_init(
+        self, spec: dict[str, Any], c: dict[str, Any], volumes: dict[str, str], pod_dir: Path
+    ) -> None:
+        mounts = _mounts(c, volumes)
+        command = [*_identity(spec, c), *_translate(c, mounts)]
+        done = subprocess.run(command, env={}, cwd="/", capture_output=True, check=False)
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip()[-1500:]
+            raise ContainerError("Init:Error", f"init container {c['name']} failed: {tail}")
+
+    def _start_container(
+        self, pod: dict[str, Any], ip: str, volumes: dict[str, str], pod_dir: Path
+    ) -> Container:
         spec = pod["spec"]
         if len(spec["containers"]) != 1:
             raise ContainerError("StartError", "the fake node runs pods of one container")
         c = spec["containers"][0]
-        argv = [*c.get("command", []), *c.get("args", [])]
-        if argv[:2] != ["sandcell", "daemon"]:
-            raise ContainerError("StartError", f"the fake image runs `sandcell daemon`: {argv}")
-        pod_dir.mkdir(mode=0o755)
-        mounts = self._volumes(spec, c, pod_dir)
+        mounts = _mounts(c, volumes)
         env = {}
         for var in c.get("env", []):
             if "value" not in var:
                 raise ContainerError("CreateContainerConfigError", f"unsupported env {var}")
             env[var["name"]] = mounts.get(var["value"], var["value"])
-        args = [re.sub(r"^0\.0\.0\.0:", f"{ip}:", a) for a in argv[2:]]
+        argv = [re.sub(r"^0\.0\.0\.0:", f"{ip}:", a) for a in _translate(c, mounts)]
         limits = c.get("resources", {}).get("limits", {})
         cgroup = self.cgroups.create(
             f"pod-{pod['metadata']['uid']}",
@@ -198,7 +212,7 @@ class Kubelet:
         )
         script = ["set -eu", *(f"echo $$ > {shlex.quote(f)}" for f in cgroup.procs_files)]
         script.append("unset PWD")  # the shell's own; the container gets the spec's env only
-        command = [*_identity(spec, c), sys.executable, "-m", "sandcell.daemon", *args]
+        command = [*_identity(spec, c), *argv]
         script.append("exec " + shlex.join(command))
         with (pod_dir / "container.log").open("ab") as log:
             proc = subprocess.Popen(
@@ -212,8 +226,9 @@ class Kubelet:
             )
         return Container(proc, cgroup, time.monotonic())
 
-    def _volumes(self, spec: dict[str, Any], c: dict[str, Any], pod_dir: Path) -> dict[str, str]:
-        """emptyDir volumes as host directories; returns mount path -> directory."""
+    def _volumes(self, spec: dict[str, Any], pod_dir: Path) -> dict[str, str]:
+        """emptyDir volumes as host directories; returns volume name -> directory."""
+        pod_dir.mkdir(mode=0o755)
         dirs = {}
         for volume in spec.get("volumes", []):
             if "emptyDir" not in volume:
@@ -222,7 +237,7 @@ class Kubelet:
             path.mkdir()
             path.chmod(0o777)  # as a kubelet makes them
             dirs[volume["name"]] = str(path)
-        return {m["mountPath"]: dirs[m["name"]] for m in c.get("volumeMounts", [])}
+        return dirs
 
     async def _supervise(self, key: Key, pod: dict[str, Any], c: Container, ip: str) -> None:
         probe = pod["spec"]["containers"][0].get("readinessProbe")
@@ -279,6 +294,28 @@ class Kubelet:
         if (pod_dir := self.pod_dirs.pop(key, None)) is not None:
             shutil.rmtree(pod_dir, ignore_errors=True)
         self.registry.remove(key)
+
+
+def _mounts(c: dict[str, Any], volumes: dict[str, str]) -> dict[str, str]:
+    """The container's mount paths -> their host directories."""
+    return {m["mountPath"]: volumes[m["name"]] for m in c.get("volumeMounts", [])}
+
+
+def _translate(c: dict[str, Any], mounts: dict[str, str]) -> list[str]:
+    """The container's command as this host runs it (see the module's docstring)."""
+    argv = [*c.get("command", []), *c.get("args", [])]
+    if argv[:2] == ["sandcell", "daemon"]:
+        argv = [sys.executable, "-m", "sandcell.daemon", *argv[2:]]
+    elif argv[:2] == ["python", "-m"]:
+        argv = [sys.executable, *argv[1:]]
+    elif not any(argv[:1] and argv[0].startswith(f"{m}/") for m in mounts):
+        raise ContainerError("StartError", f"the fake image cannot run {argv}")
+    for mount, directory in mounts.items():
+        argv = [
+            directory + a[len(mount) :] if a == mount or a.startswith(f"{mount}/") else a
+            for a in argv
+        ]
+    return argv
 
 
 def _identity(spec: dict[str, Any], c: dict[str, Any]) -> list[str]:

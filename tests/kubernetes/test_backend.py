@@ -226,3 +226,26 @@ async def test_fake_refuses_a_root_pod(cluster):
         assert r.status_code == 201
     await until(lambda: cluster.pod("rooty")["status"]["phase"] == "Failed")
     assert "runAsNonRoot" in cluster.pod("rooty")["status"]["message"]
+
+
+async def test_an_image_template_runs_the_daemon_injected_by_the_init_container(
+    cluster, make_backend
+):
+    """The fake node runs the init container for real (it copies this host's runtime into
+    the pod's volume) and then the daemon from that copy: its own loader, libraries and
+    interpreter, isolated from PYTHON* variables (SPEC §12)."""
+    image = {"base": "debian:bookworm", "oci": "registry.example/data:2"}
+    backend = make_backend({"data": {"image": image}})
+    policy = Template(**SMALL, image=image).policy()
+    sandbox_id = new_id()
+    handle = await backend.create(policy, sandbox_id, tokens.public_pem(BOOTSTRAP))
+    pod = cluster.pod(sandbox_id)
+    assert pod is not None and pod["spec"]["containers"][0]["image"] == image["oci"]
+    session = tokens.generate_p256()
+    await initialize(handle.endpoint, BOOTSTRAP, sandbox_id, session, {}, 10)
+    with DaemonClient(handle.endpoint, sandbox_id, session) as client:
+        result = client.exec("cat /proc/$PPID/cmdline | tr '\\0' ' '")
+    assert "/lib/ld.so --library-path" in result["stdout"], result
+    assert "sandcell.daemon" in result["stdout"]
+    await backend.destroy(handle.cell)
+    await until(lambda: cluster.pod(sandbox_id) is None)

@@ -205,3 +205,28 @@ def test_images_are_non_root_and_hold_no_secret(name):
         if line.startswith("COPY ") and "--from" not in line:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
+
+
+def test_an_image_templates_pod_injects_the_daemon_and_stays_restricted():
+    """`image.oci` is the pod's image; the daemon comes from an init container of sandcell's
+    daemon image, through a volume the daemon container mounts read-only (SPEC §12)."""
+    config = KubernetesConfig(image="registry.example/sandcell-daemon:1", manager_id="m-0")
+    template = Template(image={"base": "debian:bookworm", "oci": "registry.example/data:2"})
+    pod = pod_manifest(
+        config,
+        template.policy(),
+        sandbox_id="sbx-0123456789abcdef",
+        bootstrap_pem=b"-----BEGIN PUBLIC KEY-----\n...\n-----END PUBLIC KEY-----\n",
+        template="data",
+        deadline_s=900,
+    )
+    for version in VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+    assert restricted_violations(pod["spec"]) == []
+    (container,) = pod["spec"]["containers"]
+    (init,) = pod["spec"]["initContainers"]
+    assert container["image"] == "registry.example/data:2"
+    assert init["image"] == "registry.example/sandcell-daemon:1"
+    runtime = next(m for m in container["volumeMounts"] if m["name"] == "sandcell-runtime")
+    assert runtime["readOnly"] is True and container["command"][0].startswith(runtime["mountPath"])
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True

@@ -85,6 +85,12 @@ class ConflictError(SandcellError):
     default_code = ErrorCode.CONFLICT.value
 
 
+class TemplateNotReadyError(ConflictError):
+    """The template's image is not built yet (it may be building: `details["image"]`)."""
+
+    default_code = "TEMPLATE_NOT_READY"
+
+
 class AlreadyInitializedError(ConflictError):
     default_code = ErrorCode.ALREADY_INITIALIZED.value
 
@@ -191,6 +197,7 @@ BY_CODE: dict[str, type[SandcellError]] = {
         FileNotFoundInSandboxError,
         MethodNotAllowedError,
         ConflictError,
+        TemplateNotReadyError,
         AlreadyInitializedError,
         PayloadTooLargeError,
         RateLimitedError,

@@ -56,10 +56,21 @@ def _etc_binds(existing: Iterable[str]) -> list[str]:
     return args
 
 
+def host_system(links: dict[str, str]) -> list[str]:
+    """The host's system dirs as the cell's read-only root; `links` maps /bin-style paths to
+    their targets. (An image template's root comes from `images.stage.root_args`.)"""
+    args: list[str] = []
+    for path in SYSTEM_DIRS:
+        args += ["--ro-bind", path, path]
+    for path, target in links.items():
+        args += ["--symlink", target, path]
+    return args + _etc_binds(ETC_ENTRIES)
+
+
 def build_argv(
     *,
     binds: Iterable[Bind],
-    links: dict[str, str],
+    system: list[str],
     etc_data: dict[str, int],
     env: dict[str, str],
     seccomp_fd: int | None,
@@ -67,10 +78,10 @@ def build_argv(
     command: list[str],
     chdir: str,
 ) -> list[str]:
-    """`links` maps /bin-style paths to their targets; `etc_data` maps generated files
-    (passwd, group, hosts) to the fds bwrap reads them from (no host file to name);
-    `env` is the daemon's complete environment; `scratch` is the size in bytes of /tmp
-    and /dev/shm."""
+    """`system` builds the read-only root (`host_system` or an image's); `etc_data` maps
+    generated files (passwd, group, hosts) to the fds bwrap reads them from (no host file
+    to name); `env` is the daemon's complete environment; `scratch` is the size in bytes of
+    /tmp and /dev/shm."""
     argv = [
         "bwrap",
         "--unshare-user",
@@ -94,11 +105,7 @@ def build_argv(
     ]
     for name, value in env.items():
         argv += ["--setenv", name, value]
-    for path in SYSTEM_DIRS:
-        argv += ["--ro-bind", path, path]
-    for path, target in links.items():
-        argv += ["--symlink", target, path]
-    argv += _etc_binds(ETC_ENTRIES)
+    argv += system
     for dest, fd in etc_data.items():
         argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
     tmp_bytes, shm_bytes = scratch

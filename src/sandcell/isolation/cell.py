@@ -34,7 +34,15 @@ from sandcell.cellapi.argv import daemon_args
 from sandcell.cellapi.client import transport_for
 from sandcell.cellapi.environment import FIXED_PATH
 from sandcell.isolation import cgroups, disk, landlock, launch, seccomp
-from sandcell.isolation.bwrap import CELL_UID, CELL_WORKSPACE, SYSTEM_LINKS, Bind, build_argv
+from sandcell.isolation.bwrap import (
+    CELL_UID,
+    CELL_WORKSPACE,
+    SYSTEM_LINKS,
+    Bind,
+    build_argv,
+    host_system,
+)
+from sandcell.isolation.images import stage
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
@@ -236,8 +244,8 @@ class LocalCells:
         """Starts the launcher; `identity` is the sandbox id and the bootstrap public key."""
         use_seccomp = policy.require("seccomp", True, "")
         use_landlock = policy.require("landlock", *landlock.cell_support())
-        links = {p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)}
-        stage_lines, binds = self._binds(cell_dir)
+        root = _Root.of(cell_dir, policy)
+        stage_lines, binds, image_root = self._binds(cell_dir, root)
         with contextlib.ExitStack() as fds:
             etc = {
                 f"/etc/{name}": _memfd(fds, f"sandcell-etc-{name}", content.encode())
@@ -250,13 +258,13 @@ class LocalCells:
                 passed.append(seccomp_fd)
             argv = build_argv(
                 binds=binds,
-                links=links,
+                system=root.system(image_root),
                 etc_data=etc,
-                env=_daemon_env(*identity),
+                env={**dict(policy.image_env), **_daemon_env(*identity)},
                 seccomp_fd=seccomp_fd,
                 scratch=scratch_sizes(policy),
-                command=_daemon_command(policy, listener.fileno(), use_landlock),
-                chdir=CELL_SRC,
+                command=[*root.python, *_daemon_args(policy, listener.fileno(), use_landlock)],
+                chdir=root.chdir,
             )
             script = launch.script(
                 cgroup_procs=cgroup.procs_files if cgroup else [],
@@ -266,15 +274,19 @@ class LocalCells:
             )
             self._procs[info.cell_id] = _popen(cell_dir / "cell.log", script, passed)
 
-    def _binds(self, cell_dir: Path) -> tuple[list[str], list[Bind]]:
-        """The launcher's staging lines and bwrap's binds into the cell."""
-        wanted = [
-            Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True),
-            *(Bind(m.host, m.cell) for m in runtime_mounts()),
-        ]
+    def _binds(self, cell_dir: Path, root: _Root) -> tuple[list[str], list[Bind], str]:
+        """The launcher's staging lines, bwrap's binds into the cell, and where bwrap finds
+        the image's root (staged like the binds, never bound whole: `root.system` binds its
+        entries)."""
+        wanted = [Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True), *root.binds]
+        if root.image_root:
+            wanted.append(Bind(root.image_root, ""))
         if not self.privileged:
-            return [], wanted  # no private mount namespace to stage in: host paths show
-        return launch.stage(wanted)
+            return [], wanted[: len(wanted) - bool(root.image_root)], root.image_root
+        lines, binds = launch.stage(wanted)
+        if not root.image_root:
+            return lines, binds, ""
+        return lines, binds[:-1], binds[-1].source
 
     def _wait_healthy(self, cell_id: str, uds: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -345,7 +357,8 @@ def _daemon_env(sandbox_id: str, pem: bytes) -> dict[str, str]:
     }
 
 
-def _daemon_command(policy: CellPolicy, listen_fd: int, use_landlock: bool) -> list[str]:
+def _daemon_args(policy: CellPolicy, listen_fd: int, use_landlock: bool) -> list[str]:
+    """What follows the interpreter: `-m sandcell.daemon` and its arguments."""
     args = daemon_args(
         fd=listen_fd,
         disk_quota_mb=policy.disk_mb,
@@ -354,7 +367,35 @@ def _daemon_command(policy: CellPolicy, listen_fd: int, use_landlock: bool) -> l
         deny_tcp=policy.network == "none",
         code_python=policy.code_python,
     )
-    return [cell_python(), "-s", "-B", "-m", "sandcell.daemon", *args]
+    return ["-s", "-B", "-m", "sandcell.daemon", *args]
+
+
+@dataclass(frozen=True)
+class _Root:
+    """What the cell's / is made of: the host's system dirs, or a built image with the
+    daemon's runtime staged beside it (SPEC §12). The one place the two kinds differ."""
+
+    binds: list[Bind]
+    python: list[str]
+    chdir: str
+    image_root: str = ""
+
+    @classmethod
+    def of(cls, cell_dir: Path, policy: CellPolicy) -> _Root:
+        if policy.image_root is None:
+            binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
+            return cls(binds, [cell_python()], CELL_SRC)
+        try:
+            staged = stage.stage_runtime(cell_dir)
+        except stage.StageError as exc:
+            raise CellError(str(exc)) from None
+        return cls(staged.binds, staged.python, staged.chdir, policy.image_root)
+
+    def system(self, image_root: str) -> list[str]:
+        """bwrap's arguments for the read-only system; `image_root` as bwrap reaches it."""
+        if not self.image_root:
+            return host_system({p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)})
+        return stage.root_args(image_root, sorted(os.listdir(self.image_root)))
 
 
 def _popen(log_path: Path, script: str, fds: list[int]) -> subprocess.Popen[bytes]:

@@ -31,7 +31,7 @@ class DiskError(Exception):
     pass
 
 
-def _run(argv: list[str]) -> None:
+def run_checked(argv: list[str]) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise DiskError(f"{argv[0]} failed: {result.stderr.strip() or result.returncode}")
@@ -51,9 +51,9 @@ def create_quota_workspace(image: Path, mountpoint: Path, size_mb: int, uid: int
     with open(image, "wb") as f:
         f.truncate(size_mb * 1024 * 1024)
     argv = [a.format(uid=uid) for a in MKFS]
-    _run([*argv, str(image)])
+    run_checked([*argv, str(image)])
     mountpoint.mkdir(mode=0o700, exist_ok=True)
-    _run(["mount", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)])
+    run_checked(["mount", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)])
     with contextlib.suppress(FileNotFoundError):
         (mountpoint / "lost+found").rmdir()
 
@@ -72,8 +72,8 @@ def release_workspace(mountpoint: Path) -> None:
     if not is_mounted(mountpoint):
         return
     try:
-        _run(["umount", str(mountpoint)])
+        run_checked(["umount", str(mountpoint)])
     except DiskError:
         # Something still holds it open (a racing reader on the host): detach lazily so the
         # tree can be removed now; the kernel frees it when the last reference goes.
-        _run(["umount", "--lazy", str(mountpoint)])
+        run_checked(["umount", "--lazy", str(mountpoint)])

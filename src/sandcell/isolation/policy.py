@@ -30,6 +30,11 @@ class CellPolicy:
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: frozenset[str] = field(default_factory=frozenset)
     code_python: str | None = None  # python code contexts' interpreter (default: the daemon's)
+    # A built image's root on the host (SPEC §12), and the env its config asks for;
+    # None: the host's system dirs.
+    image_root: str | None = None
+    image_env: tuple[tuple[str, str], ...] = ()
+    pod_image: str | None = None  # Kubernetes: the pod's image (`image.oci`)
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "loopback"):

@@ -8,13 +8,34 @@ syscalls hit the bad-arch action and kill the process: libseccomp emits the x32 
 itself for an x86_64 filter that does not include x32 (verified by the tests).
 """
 
+import contextlib
+import ctypes.util
 import errno
 import functools
 import itertools
 import tempfile
 from collections.abc import Iterator
+from types import ModuleType
 
-import pyseccomp
+
+def _import_pyseccomp() -> ModuleType:
+    """pyseccomp finds libseccomp with ctypes.util.find_library, which asks the root's
+    ld.so.cache. In a cell of an image (SPEC §12) that cache is the image's and knows nothing
+    of the host's libraries, though the loader was given their directory
+    (`--library-path`, images/stage.py): there, the soname alone loads the library."""
+    try:
+        import pyseccomp
+    except RuntimeError:  # "Unable to find libseccomp"
+        find = ctypes.util.find_library
+        with contextlib.ExitStack() as restore:
+            restore.callback(setattr, ctypes.util, "find_library", find)
+            sonames = {"seccomp": "libseccomp.so.2", "c": "libc.so.6"}
+            ctypes.util.find_library = lambda name: find(name) or sonames.get(name)
+            import pyseccomp
+    return pyseccomp
+
+
+pyseccomp = _import_pyseccomp()
 
 DENIED_SYSCALLS: tuple[str, ...] = (
     # tracing and reading/writing other processes

@@ -18,6 +18,7 @@ from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
+from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize
 from sandcell.manager.pool import WarmCell, WarmPool
 from sandcell.manager.templates import Template
@@ -54,8 +55,10 @@ class Manager:
         *,
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         reap_interval_s: float = DEFAULT_REAP_INTERVAL_S,
+        images: TemplateImages | None = None,
     ) -> None:
         self.store = store
+        self.images = images or TemplateImages(None)
         self.backend = backend
         self.templates = templates
         self.bootstrap_key = bootstrap_key
@@ -81,9 +84,14 @@ class Manager:
                 counted(len(found["adopted"]), "live sandbox", "live sandboxes"),
                 counted(len(found["dropped"]), "dead one", "dead ones"),
             )
-        for pool in self.pools.values():
-            pool.refill()
+        self.images.on_ready(lambda _: self._refill_ready_pools())
+        self._refill_ready_pools()  # the others fill once their image is built
         self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    def _refill_ready_pools(self) -> None:
+        for name, pool in self.pools.items():
+            if self.images.ready(self.templates[name]):
+                pool.refill()
 
     async def stop(self) -> None:
         """Stops background work and empties the pools; live sandboxes keep running."""
@@ -96,6 +104,7 @@ class Manager:
             "warm pools drained: %s destroyed",
             counted(drained, "unclaimed cell", "unclaimed cells"),
         )
+        await asyncio.to_thread(self.images.close)
 
     async def shutdown(self, *, delete_sandboxes: bool = False) -> list[str]:
         """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
@@ -185,12 +194,11 @@ class Manager:
     async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
         """A started and initialised cell; on any failure nothing of it is left."""
         sandbox_id = new_sandbox_id()
+        policy = await self.images.policy_for(template)
         if env is None:  # a pool's cell: the template's default policy
             env = proxy_env(template.egress_policy())
         try:
-            handle: CellHandle = await self.backend.create(
-                template.policy(), sandbox_id, self.bootstrap_pem
-            )
+            handle: CellHandle = await self.backend.create(policy, sandbox_id, self.bootstrap_pem)
         except IsolationUnavailable as exc:
             raise SandcellError(
                 ErrorCode.ISOLATION_UNAVAILABLE, str(exc), {"layer": exc.layer}
@@ -235,6 +243,23 @@ class Manager:
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
+
+    async def remove_image(self, name: str) -> bool:
+        """Deletes a template's built image when no sandbox of the template lives; its warm
+        cells go first (they run on it)."""
+        template = self.template(name)
+        users = [r.id for r in await self.store.list_sandboxes() if r.template == name]
+        if users:
+            raise SandcellError(
+                ErrorCode.CONFLICT,
+                f"{len(users)} sandboxes of template {name!r} are running on its image",
+                {"sandboxes": users[:20]},
+            )
+        pool = self.pools[name]
+        size = pool.size
+        await pool.drain()
+        pool.size = size  # refilled once the image is built again
+        return await asyncio.to_thread(self.images.remove, template)
 
     # -- expiry and reconciliation --------------------------------------------------------
 

@@ -17,10 +17,12 @@ from pydantic import (
 
 from sandcell.cellapi.environment import DEFAULT_INHERIT
 from sandcell.errors import SandcellError
+from sandcell.isolation.images.spec import ImageSpec
 from sandcell.isolation.policy import LAYERS, CellPolicy
 from sandcell.network.policy import MODES, Mode, NetworkPolicy, parse_policy, within_cap
 
 DEFAULT_TEMPLATE = "default"
+CODE_INTERPRETER = "code-interpreter"
 
 
 class ConfigError(Exception):
@@ -50,6 +52,7 @@ class Template(BaseModel):
     # The interpreter of python code contexts (SPEC §10), a path inside the sandbox that has
     # IPython; unset: the python the daemon runs on (sandcell's, with its `interpreter` extra).
     code_python: str | None = Field(None, pattern=r"^/[^\x00\n]*$")
+    image: ImageSpec = ImageSpec()
 
     @field_validator("allow_degraded")
     @classmethod
@@ -103,13 +106,42 @@ class Template(BaseModel):
             inherit_env=self.inherit_env,
             allow_degraded=frozenset(self.allow_degraded),
             code_python=self.code_python,
+            pod_image=self.image.oci,
         )
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
-def parse_templates(raw: dict[str, Any]) -> dict[str, Template]:
+def builtin_templates() -> dict[str, Template]:
+    """`default` (the host's system, fast) and `code-interpreter` (Debian with Python and the
+    scientific stack, SPEC §10): built on first use, so no warm pool until then."""
+    science = ImageSpec(
+        base="debian:bookworm",
+        apt=(
+            "python3",
+            "python3-ipykernel",
+            "ipython3",
+            "python3-numpy",
+            "python3-pandas",
+            "python3-matplotlib",
+        ),
+        workdir="/workspace",
+    )
+    return {
+        DEFAULT_TEMPLATE: Template(),
+        CODE_INTERPRETER: Template(
+            name=CODE_INTERPRETER,
+            memory_mb=1024,
+            warm_pool=0,
+            image=science,
+            code_python="/usr/bin/python3",  # the image's own, with its IPython
+        ),
+    }
+
+
+def parse_templates(raw: dict[str, Any], config_dir: Path | None = None) -> dict[str, Template]:
+    """`config_dir`: where relative paths in `image` tables are read from."""
     tables = raw.get("templates", {})
     if not isinstance(tables, dict):
         raise ConfigError("[templates] must be a table of tables")
@@ -117,11 +149,16 @@ def parse_templates(raw: dict[str, Any]) -> dict[str, Template]:
     for name, values in tables.items():
         if not isinstance(values, dict):
             raise ConfigError(f"[templates.{name}] must be a table")
+        image = values.get("image", {})
+        if not isinstance(image, dict):
+            raise ConfigError(f"[templates.{name}] image must be a table")
+        context = {"context_dir": str((config_dir or Path.cwd()).resolve())}
         try:
-            templates[name] = Template(name=name, **values)
+            templates[name] = Template(name=name, **{**values, "image": {**image, **context}})
         except (ValidationError, TypeError) as exc:
             raise ConfigError(f"[templates.{name}]: {_describe(exc)}") from None
-    templates.setdefault(DEFAULT_TEMPLATE, Template())
+    for name, template in builtin_templates().items():
+        templates.setdefault(name, template)
     return templates
 
 

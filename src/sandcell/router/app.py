@@ -23,7 +23,7 @@ from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import network, schemas, websocket
+from sandcell.router import network, schemas, templates, websocket
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.budget import ByteBudget
 from sandcell.router.fairshare import FairShare
@@ -172,12 +172,6 @@ async def proxy(request: Request) -> Response:
     return await r.proxy.forward(request, record, request.path_params["rest"])
 
 
-async def list_templates(request: Request) -> Response:
-    r = _router(request)
-    await r.principal(request)
-    return JSONResponse({"templates": [t.public() for t in r.manager.templates.values()]})
-
-
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok", "version": __version__})
 
@@ -218,7 +212,7 @@ OPERATIONS = (
         body=schemas.CreateSandbox,
         response=schemas.Sandbox,
         status=201,
-        errors=(403, 413, 429, 503),
+        errors=(403, 409, 413, 429, 503),
     ),
     Operation(
         "GET", "/v1/sandboxes", list_sandboxes, "List your sandboxes", response=schemas.SandboxList
@@ -255,13 +249,7 @@ OPERATIONS = (
         )
         for m in _PROXY_METHODS
     ),
-    Operation(
-        "GET",
-        "/v1/templates",
-        list_templates,
-        "Templates and their limits",
-        response=schemas.TemplateList,
-    ),
+    *templates.OPERATIONS,
     Operation("GET", "/healthz", healthz, "Liveness", secured=False),
     Operation(
         "GET", "/readyz", readyz, "Readiness (the store answers)", secured=False, errors=(503,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandcell.cellapi.argv import daemon_args
+from sandcell.isolation.images.inject import RUNTIME_MOUNT, daemon_command
 from sandcell.isolation.policy import CellPolicy
 from sandcell.manager.k8s.config import KubernetesConfig
 
@@ -18,6 +19,59 @@ MANAGER = "sandcell.dev/manager"
 TEMPLATE = "sandcell.dev/template"
 SANDBOX = "sandcell.dev/sandbox"
 STOP_GRACE_S = 1  # nothing in a sandbox is worth waiting for once it is deleted
+
+
+HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+RUNTIME_VOLUME = "sandcell-runtime"
+RUNTIME_COPY = "/sandcell-runtime"  # where the init container writes the volume
+
+
+def _daemon_container(
+    config: KubernetesConfig, policy: CellPolicy
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The daemon container's image and command, and the init container a template image
+    needs: sandcell's daemon image copies its runtime into a volume that the template's
+    image mounts read-only (SPEC §12), so the daemon runs on any image."""
+    args = daemon_args(
+        listen=f"0.0.0.0:{config.daemon_port}",
+        disk_quota_mb=policy.disk_mb,
+        inherit_env=policy.inherit_env,
+        code_python=policy.code_python,
+    )
+    pull = {"imagePullPolicy": config.image_pull_policy}
+    if policy.pod_image is None:
+        return {
+            "name": CONTAINER,
+            "image": config.image,
+            **pull,
+            "command": ["sandcell", "daemon", *args],
+        }, None
+    container = {
+        "name": CONTAINER,
+        "image": policy.pod_image,
+        **pull,
+        "command": [*daemon_command(RUNTIME_MOUNT), "-m", "sandcell.daemon", *args],
+        "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_MOUNT, "readOnly": True}],
+    }
+    init = {
+        "name": "sandcell-runtime",
+        "image": config.image,
+        **pull,
+        "command": ["python", "-m", "sandcell.isolation.images.inject", RUNTIME_COPY],
+        "securityContext": HARDENED,
+        "resources": {"requests": INIT_RESOURCES, "limits": INIT_RESOURCES},
+        "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_COPY}],
+    }
+    return container, init
+
+
+INIT_RESOURCES = {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "64Mi"}
 
 
 def owner_labels(config: KubernetesConfig) -> dict[str, str]:
@@ -35,6 +89,7 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """The pod runs only the daemon, as a non-root user with no capabilities and a read-only
     root; its environment holds the sandbox id and the bootstrap public key, nothing else."""
+    container, init = _daemon_container(config, policy)
     resources = {
         "cpu": f"{max(1, round(policy.cpus * 1000))}m",
         "memory": f"{policy.memory_mb}Mi",
@@ -54,19 +109,7 @@ def pod_manifest(
         },
         "containers": [
             {
-                "name": CONTAINER,
-                "image": config.image,
-                "imagePullPolicy": config.image_pull_policy,
-                "command": [
-                    "sandcell",
-                    "daemon",
-                    *daemon_args(
-                        listen=f"0.0.0.0:{config.daemon_port}",
-                        disk_quota_mb=policy.disk_mb,
-                        inherit_env=policy.inherit_env,
-                        code_python=policy.code_python,
-                    ),
-                ],
+                **container,
                 "env": [
                     {"name": "SANDCELL_SANDBOX_ID", "value": sandbox_id},
                     {"name": "SANDCELL_BOOTSTRAP_PUBLIC_KEY", "value": bootstrap_pem.decode()},
@@ -79,16 +122,11 @@ def pod_manifest(
                     "timeoutSeconds": 1,
                 },
                 "resources": {"requests": resources, "limits": resources},
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "privileged": False,
-                    "readOnlyRootFilesystem": True,
-                    "runAsNonRoot": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": HARDENED,
                 "volumeMounts": [
                     {"name": "workspace", "mountPath": WORKSPACE},
                     {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own tmpfs
+                    *container.get("volumeMounts", []),
                 ],
             }
         ],
@@ -104,6 +142,9 @@ def pod_manifest(
             },
         ],
     }
+    if init:
+        spec["initContainers"] = [init]
+        spec["volumes"].append({"name": RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "512Mi"}})
     if config.runtime_class:
         spec["runtimeClassName"] = config.runtime_class
     return {

@@ -1,0 +1,104 @@
+"""OCI image archives made by the tests themselves (no registry): a layout tar with an index,
+a manifest, a config and gzip layers, each layer a list of tar members."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+OS_RELEASE = b'NAME="sandcell test image"\nID=sandcelltest\n'
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One layer member: a file (data), a dir, a symlink or hard link (link), a whiteout."""
+
+    name: str
+    data: bytes | None = None
+    kind: bytes = tarfile.REGTYPE
+    link: str = ""
+    mode: int = 0o644
+
+
+def file(name: str, data: bytes, mode: int = 0o644) -> Entry:
+    return Entry(name, data, mode=mode)
+
+
+def directory(name: str) -> Entry:
+    return Entry(name, kind=tarfile.DIRTYPE, mode=0o755)
+
+
+def symlink(name: str, target: str) -> Entry:
+    return Entry(name, kind=tarfile.SYMTYPE, link=target, mode=0o777)
+
+
+def hardlink(name: str, target: str) -> Entry:
+    return Entry(name, kind=tarfile.LNKTYPE, link=target)
+
+
+def layer_tar(entries: list[Entry]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for e in entries:
+            info = tarfile.TarInfo(e.name)
+            info.type, info.mode, info.linkname = e.kind, e.mode, e.link
+            info.size = len(e.data or b"")
+            tar.addfile(info, io.BytesIO(e.data or b""))
+    return buf.getvalue()
+
+
+def busybox_rootfs() -> list[Entry]:
+    """A tiny root: a static busybox with its applets linked where busybox images put them,
+    and an os-release of its own. No Python, no libc."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    listing = subprocess.run([busybox, "--list-full"], capture_output=True, check=True)
+    applets = [a for a in listing.stdout.decode().split() if a != "bin/busybox"]
+    dirs = sorted({"bin", "etc", "tmp", *(str(Path(a).parent) for a in applets)})
+    entries = [directory(d) for d in dirs]
+    entries.append(file("bin/busybox", Path(busybox).read_bytes(), 0o755))
+    entries += [symlink(a, "/bin/busybox") for a in applets]
+    return [*entries, file("etc/os-release", OS_RELEASE)]
+
+
+def write_archive(
+    path: Path, layers: list[list[Entry]], env: list[str] | None = None, workdir: str = ""
+) -> Path:
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes, media_type: str) -> dict:
+        digest = hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+
+    layer_descs = [
+        blob(gzip.compress(layer_tar(x), mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
+        for x in layers
+    ]
+    config = {"config": {"Env": env or [], "WorkingDir": workdir}, "rootfs": {}}
+    manifest = {
+        "schemaVersion": 2,
+        "config": blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
+        "layers": layer_descs,
+    }
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+        ],
+    }
+    files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": json.dumps(index)}
+    files |= {f"blobs/sha256/{d}": data for d, data in blobs.items()}
+    with tarfile.open(path, "w") as tar:
+        for name, data in files.items():
+            raw = data.encode() if isinstance(data, str) else data
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return path
