@@ -18,6 +18,7 @@ from bench.stats import sample_ms
 from sandcell.client import Sandbox
 
 MB = 1_000_000
+LINE = "0123456789abcdefghijklmnopqrstuvwxyz" * 2
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -78,7 +79,8 @@ def file_transfers(server: Server, size_mb: int, repeats: int) -> list[Row]:
 def streamed_stdout(server: Server, size_mb: int, repeats: int) -> list[Row]:
     """A command writing `size_mb` MB to stdout, streamed to an SDK callback, beside the
     same command read from a host pipe."""
-    command = ["head", "-c", str(size_mb * MB), "/dev/zero"]
+    # Text, as commands print: NUL bytes would measure JSON's \u0000 escapes instead.
+    command = ["sh", "-c", f"yes {LINE} | head -c {size_mb * MB}"]
 
     def host_pipe() -> None:
         with subprocess.Popen(command, stdout=subprocess.PIPE) as proc:
