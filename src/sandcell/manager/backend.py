@@ -41,14 +41,6 @@ class Backend(Protocol):
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
 
-    async def _forget_destroyed(self) -> None:
-        """Closes the listeners of cells that another replica on this host destroyed (their
-        sockets would keep the dead cell's network namespace alive)."""
-        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
-        for cell_id in gone:
-            if self.egress is not None:
-                await self.egress.detach(self._sandbox_of.pop(cell_id))
-
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         """A live cell found after a restart is kept: reattach what this process serves it."""
         ...
