@@ -1,0 +1,82 @@
+"""Which sandbox a tool call works in: the one it names, or its MCP session's own.
+
+The session sandbox is created on the session's first call that needs one and killed when
+the session's connection closes (an HTTP client's DELETE or idle timeout, a stdio client's
+end of input, which is also what a crashed client leaves behind). Whatever is still alive
+when the server stops is killed then: the server's lifetime bounds every session sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+from mcp.server.connection import Connection
+
+from sandcell.client import AsyncSandbox, ClientConfig, SandcellError
+
+log = logging.getLogger("sandcell.mcp")
+STATE_KEY = "sandcell.session_sandbox"
+SESSION_LABEL = {"created_by": "sandcell-mcp", "role": "session"}
+
+
+class NoSessionError(Exception):
+    """A single-exchange HTTP request has no session to hold a sandbox across calls."""
+
+
+class SessionSandboxes:
+    """Session sandboxes of every connection of this server, killed at their session's end."""
+
+    def __init__(self, config: ClientConfig, template: str) -> None:
+        self.config = config
+        self.template = template
+        self._live: dict[str, AsyncSandbox] = {}
+        self._lock = anyio.Lock()  # one creation at a time: two first calls share one sandbox
+
+    async def for_connection(self, connection: Connection) -> AsyncSandbox:
+        if not connection.has_standalone_channel:
+            raise NoSessionError(
+                "this request has no MCP session, so there is no session sandbox: call "
+                "create_sandbox and pass its sandbox_id"
+            )
+        async with self._lock:
+            sbx = connection.state.get(STATE_KEY)
+            if sbx is None:
+                sbx = await AsyncSandbox.create(
+                    template=self.template, metadata=SESSION_LABEL, config=self.config
+                )
+                self._live[sbx.id] = sbx
+                connection.state[STATE_KEY] = sbx
+                connection.exit_stack.push_async_callback(self.release, sbx.id)
+                log.info("session sandbox %s created", sbx.id)
+            return sbx
+
+    async def release(self, sandbox_id: str) -> None:
+        """Kill one session sandbox (a no-op when it is already gone)."""
+        sbx = self._live.pop(sandbox_id, None)
+        if sbx is None:
+            return
+        try:
+            await sbx.kill()
+            log.info("session sandbox %s deleted", sandbox_id)
+        except SandcellError as exc:  # the server may be gone: its reaper then does it
+            log.warning("session sandbox %s not deleted: %s", sandbox_id, exc)
+        finally:
+            await sbx.close()
+
+    async def release_all(self) -> None:
+        for sandbox_id in list(self._live):
+            await self.release(sandbox_id)
+
+
+@contextlib.asynccontextmanager
+async def session_sandboxes(config: ClientConfig, template: str) -> AsyncIterator[SessionSandboxes]:
+    """The server's lifespan: kills the session sandboxes left when it stops, however."""
+    sessions = SessionSandboxes(config, template)
+    try:
+        yield sessions
+    finally:
+        with anyio.CancelScope(shield=True):
+            await sessions.release_all()
