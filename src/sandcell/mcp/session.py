@@ -19,6 +19,7 @@ from sandcell.client import AsyncSandbox, ClientConfig, SandcellError
 
 log = logging.getLogger("sandcell.mcp")
 STATE_KEY = "sandcell.session_sandbox"
+LOCK_KEY = "sandcell.session_sandbox_lock"
 SESSION_LABEL = {"created_by": "sandcell-mcp", "role": "session"}
 
 
@@ -33,7 +34,6 @@ class SessionSandboxes:
         self.config = config
         self.template = template
         self._live: dict[str, AsyncSandbox] = {}
-        self._lock = anyio.Lock()  # one creation at a time: two first calls share one sandbox
 
     async def for_connection(self, connection: Connection) -> AsyncSandbox:
         if not connection.has_standalone_channel:
@@ -41,7 +41,8 @@ class SessionSandboxes:
                 "this request has no MCP session, so there is no session sandbox: call "
                 "create_sandbox and pass its sandbox_id"
             )
-        async with self._lock:
+        # One creation at a time per session: two first calls share one sandbox.
+        async with connection.state.setdefault(LOCK_KEY, anyio.Lock()):
             sbx = connection.state.get(STATE_KEY)
             if sbx is None:
                 sbx = await AsyncSandbox.create(

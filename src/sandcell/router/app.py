@@ -75,9 +75,14 @@ class Router:
         body out of its key's byte budget (both given back by `release`)."""
         client = request.client.host if request.client else "unknown"
         principal = await self.auth.authenticate(request.headers.get("authorization"), client)
-        self.fair_share.admit(request.scope, principal.name)
-        request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
+        self.hold(request.scope, principal.name)
         return principal
+
+    def hold(self, scope: Scope, name: str) -> None:
+        """Makes the request count against `name`'s in-flight slots and body budget (also for
+        a request authorised by a credential other than an API key, for its owner's key)."""
+        self.fair_share.admit(scope, name)
+        scope.setdefault(BODY_BUDGET, self.bodies.lease(name))
 
     def release(self, scope: Scope) -> None:
         """At the end of a request, whatever `principal` made it hold."""

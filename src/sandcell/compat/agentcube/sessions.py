@@ -69,12 +69,14 @@ async def session_sandbox(
 ) -> SandboxRecord:
     """The running sandbox of `session_id`, if `principal` (when given) owns it; else 404
     (whether it exists is not revealed)."""
+    router = request.app.state.router
     sandbox_id = (await session_ids(request)).verify(session_id)
-    record = await request.app.state.router.store.get_sandbox(sandbox_id) if sandbox_id else None
+    record = await router.store.get_sandbox(sandbox_id) if sandbox_id else None
     if record is not None and principal is not None and not principal.owns(record.owner):
         record = None
     if record is None:
         raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, "no such agentcube session")
+    router.hold(request.scope, record.owner)  # the owner's limits bound a keyless call too
     if record.state != "running":
         raise SandcellError(ErrorCode.CONFLICT, f"the session's sandbox is {record.state}")
     return record
