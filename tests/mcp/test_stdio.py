@@ -8,15 +8,19 @@ import sys
 import textwrap
 import time
 
+import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from sandcell.mcp.session import RECHECK_AFTER_S
 from support.mcp_client import (
+    call,
     check_tool_list,
     exercise_named_sandboxes,
     exercise_session_sandbox,
     session_sandboxes,
+    text,
     wait_gone,
 )
 from support.server import RunningServer, sandcell_bin
@@ -37,6 +41,24 @@ async def test_tools_over_stdio(server: RunningServer, api_key: str, env: dict[s
         await exercise_session_sandbox(session)
         await exercise_named_sandboxes(session)
         assert len(session_sandboxes(server, api_key)) == 1
+    wait_gone(server, api_key)
+
+
+async def test_an_expired_session_sandbox_is_replaced(
+    server: RunningServer, api_key: str, env: dict[str, str]
+):
+    params = StdioServerParameters(command=sandcell_bin(), args=["mcp"], env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        await call(session, "write_file", path="a.txt", content="x")
+        (first,) = session_sandboxes(server, api_key)
+        with server.client(api_key) as http:  # as its idle timeout would
+            http.delete(f"/v1/sandboxes/{first}").raise_for_status()
+        await anyio.sleep(RECHECK_AFTER_S)  # a pause: the next call checks the sandbox first
+        fresh = await call(session, "run_command", command="ls")
+        assert not fresh.is_error and "a.txt" not in text(fresh)
+        (second,) = session_sandboxes(server, api_key)
+        assert second != first
     wait_gone(server, api_key)
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import anyio
 from mcp.server.connection import Connection
 
-from sandcell.client import AsyncSandbox, ClientConfig, SandcellError
+from sandcell.client import AsyncSandbox, ClientConfig, SandboxNotFoundError, SandcellError
 
 log = logging.getLogger("sandcell.mcp")
 STATE_KEY = "sandcell.session_sandbox"
 LOCK_KEY = "sandcell.session_sandbox_lock"
+USED_KEY = "sandcell.session_sandbox_used"
+RECHECK_AFTER_S = 5.0
 SESSION_LABEL = {"created_by": "sandcell-mcp", "role": "session"}
 
 
@@ -44,15 +47,36 @@ class SessionSandboxes:
         # One creation at a time per session: two first calls share one sandbox.
         async with connection.state.setdefault(LOCK_KEY, anyio.Lock()):
             sbx = connection.state.get(STATE_KEY)
+            if sbx is not None and not await self._alive(connection, sbx):
+                await self.release(sbx.id)
+                sbx = None
             if sbx is None:
-                sbx = await AsyncSandbox.create(
-                    template=self.template, metadata=SESSION_LABEL, config=self.config
-                )
-                self._live[sbx.id] = sbx
-                connection.state[STATE_KEY] = sbx
-                connection.exit_stack.push_async_callback(self.release, sbx.id)
-                log.info("session sandbox %s created", sbx.id)
+                sbx = await self._create(connection)
+            connection.state[USED_KEY] = time.monotonic()
             return sbx
+
+    async def _create(self, connection: Connection) -> AsyncSandbox:
+        sbx = await AsyncSandbox.create(
+            template=self.template, metadata=SESSION_LABEL, config=self.config
+        )
+        self._live[sbx.id] = sbx
+        connection.state[STATE_KEY] = sbx
+        connection.exit_stack.push_async_callback(self.release, sbx.id)
+        log.info("session sandbox %s created", sbx.id)
+        return sbx
+
+    async def _alive(self, connection: Connection, sbx: AsyncSandbox) -> bool:
+        """False when the sandbox is gone. A session that paused longer than the template's
+        idle timeout (the user reading, the model thinking) finds its sandbox expired: it then
+        gets a fresh one rather than an error on every call. Checked only after a pause."""
+        if time.monotonic() - connection.state.get(USED_KEY, 0.0) < RECHECK_AFTER_S:
+            return True
+        try:
+            await sbx.info()
+        except SandboxNotFoundError:
+            log.info("session sandbox %s expired; replacing it", sbx.id)
+            return False
+        return True
 
     async def release(self, sandbox_id: str) -> None:
         """Kill one session sandbox (a no-op when it is already gone)."""
