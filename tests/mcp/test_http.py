@@ -72,6 +72,23 @@ async def test_tools_over_http(server: RunningServer, api_key: str, mcp_server):
     wait_gone(server, api_key)  # the client's DELETE ended the session; the server runs on
 
 
+async def test_each_session_has_its_own_sandbox(server: RunningServer, api_key: str, mcp_server):
+    url, _ = mcp_server
+    async with (
+        streamable_http_client(url) as (read_a, write_a),
+        ClientSession(read_a, write_a) as a,
+        streamable_http_client(url) as (read_b, write_b),
+        ClientSession(read_b, write_b) as b,
+    ):
+        await a.initialize()
+        await b.initialize()
+        await a.call_tool("write_file", {"path": "mine.txt", "content": "a"})
+        seen_by_b = await b.call_tool("list_files", {})
+        assert not seen_by_b.is_error and "mine.txt" not in str(seen_by_b.content)
+        assert len(session_sandboxes(server, api_key)) == 2
+    wait_gone(server, api_key)
+
+
 CLIENT = """
 import anyio, sys
 from mcp import ClientSession
@@ -88,19 +105,32 @@ anyio.run(main)
 """
 
 
-def test_server_stop_ends_a_killed_clients_sandbox(server: RunningServer, api_key: str, mcp_server):
-    url, mcp = mcp_server
+def _killed_client(url: str) -> None:
+    """A client that opens a session, uses the session sandbox and dies without a DELETE."""
     client = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(CLIENT), url], stdout=subprocess.PIPE, text=True
     )
     try:
         assert client.stdout.readline().strip() == "ready"
-        client.send_signal(signal.SIGKILL)  # no DELETE: the session stays open server-side
-        client.wait(10)
-        assert len(session_sandboxes(server, api_key)) == 1
-        mcp.send_signal(signal.SIGTERM)  # the server's lifetime bounds its sessions'
-        assert mcp.wait(30) == 0
-        wait_gone(server, api_key, timeout=5)
     finally:
-        client.kill()
-        client.wait()
+        client.send_signal(signal.SIGKILL)
+        client.wait(10)
+
+
+def test_idle_timeout_ends_a_killed_clients_session(
+    server: RunningServer, api_key: str, mcp_server
+):
+    url, mcp = mcp_server
+    _killed_client(url)
+    assert len(session_sandboxes(server, api_key)) == 1
+    wait_gone(server, api_key, timeout=IDLE_TIMEOUT_S + 15)
+    assert mcp.poll() is None  # the server runs on
+
+
+def test_server_stop_ends_a_killed_clients_session(server: RunningServer, api_key: str, mcp_server):
+    url, mcp = mcp_server
+    _killed_client(url)
+    assert len(session_sandboxes(server, api_key)) == 1
+    mcp.send_signal(signal.SIGTERM)  # the server's lifetime bounds its sessions'
+    assert mcp.wait(30) == 0
+    assert session_sandboxes(server, api_key) == []  # deleted before the server exited
