@@ -202,6 +202,10 @@ from sandcell.cli.code import register as _register_code_command  # noqa: E402
 
 _register_code_command(app)
 
+from sandcell.cli.mcp import register as _register_mcp_command  # noqa: E402
+
+_register_mcp_command(app)
+
 
 def main() -> None:
     app()

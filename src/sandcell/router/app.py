@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from sandcell import __version__
+from sandcell.compat import agentcube
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import BODY_BUDGET, parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
@@ -74,15 +75,47 @@ class Router:
         body out of its key's byte budget (both given back by `release`)."""
         client = request.client.host if request.client else "unknown"
         principal = await self.auth.authenticate(request.headers.get("authorization"), client)
-        self.fair_share.admit(request.scope, principal.name)
-        request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
+        self.hold(request.scope, principal.name)
         return principal
+
+    def hold(self, scope: Scope, name: str) -> None:
+        """Makes the request count against `name`'s in-flight slots and body budget (also for
+        a request authorised by a credential other than an API key, for its owner's key)."""
+        self.fair_share.admit(scope, name)
+        scope.setdefault(BODY_BUDGET, self.bodies.lease(name))
 
     def release(self, scope: Scope) -> None:
         """At the end of a request, whatever `principal` made it hold."""
         self.fair_share.release(scope)
         if (lease := scope.get(BODY_BUDGET)) is not None:
             lease.release()
+
+    async def create(self, principal: Principal, req: schemas.CreateSandbox) -> SandboxRecord:
+        """A sandbox for `principal`, within its key's quota (every façade creates here)."""
+        # Counting and holding a slot in one store step: concurrent creates cannot all pass.
+        reservation = await self.store.reserve_sandbox(
+            principal.name, self.limits.max_sandboxes_per_key
+        )
+        if reservation is None:
+            raise SandcellError(
+                ErrorCode.RATE_LIMITED,
+                f"this key already has {self.limits.max_sandboxes_per_key} sandboxes",
+                headers={"Retry-After": "5"},
+            )
+        return await self.manager.create_sandbox(
+            principal.name,
+            req.template,
+            idle_timeout_s=req.idle_timeout_s,
+            max_lifetime_s=req.max_lifetime_s,
+            env=req.env,
+            metadata=req.metadata,
+            network=req.network.policy() if req.network else None,
+            reservation=reservation,
+        )
+
+    async def delete(self, record: SandboxRecord) -> None:
+        self.proxy.forget(record)
+        await self.manager.delete_sandbox(record.id)
 
     async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
         """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
@@ -106,24 +139,7 @@ async def create_sandbox(request: Request) -> Response:
     r = _router(request)
     principal = await r.principal(request)
     req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
-    # Counting and holding a slot in one store step: concurrent creates cannot all pass.
-    reservation = await r.store.reserve_sandbox(principal.name, r.limits.max_sandboxes_per_key)
-    if reservation is None:
-        raise SandcellError(
-            ErrorCode.RATE_LIMITED,
-            f"this key already has {r.limits.max_sandboxes_per_key} sandboxes",
-            headers={"Retry-After": "5"},
-        )
-    record = await r.manager.create_sandbox(
-        principal.name,
-        req.template,
-        idle_timeout_s=req.idle_timeout_s,
-        max_lifetime_s=req.max_lifetime_s,
-        env=req.env,
-        metadata=req.metadata,
-        network=req.network.policy() if req.network else None,
-        reservation=reservation,
-    )
+    record = await r.create(principal, req)
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 
 
@@ -158,8 +174,7 @@ async def delete_sandbox(request: Request) -> Response:
     when the caller has none by that id, another principal's included (not revealed)."""
     r = _router(request)
     _, record = await r.owned(request)
-    r.proxy.forget(record)
-    await r.manager.delete_sandbox(record.id)
+    await r.delete(record)
     return Response(status_code=204)
 
 
@@ -250,6 +265,7 @@ OPERATIONS = (
         for m in _PROXY_METHODS
     ),
     *templates.OPERATIONS,
+    *agentcube.OPERATIONS,
     Operation("GET", "/healthz", healthz, "Liveness", secured=False),
     Operation(
         "GET", "/readyz", readyz, "Readiness (the store answers)", secured=False, errors=(503,)
