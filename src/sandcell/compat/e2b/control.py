@@ -1,0 +1,175 @@
+"""E2B's control API (`E2B_API_URL`): sandboxes created, listed, killed and kept alive by
+sandcell's own router handlers, run in-process with the caller's key (`X-API-KEY`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sandcell.compat.e2b import tokens
+from sandcell.compat.e2b.gateway import Gateway, read_json
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import read_body
+from sandcell.router import app as router_app
+from sandcell.router.usage import sandbox_metrics
+
+ENVD_VERSION = "0.5.7"
+CLIENT_ID = "sandcell"
+TEMPLATES = {"base": "default", "code-interpreter-v1": "code-interpreter"}
+MAX_BODY = 1_048_576
+
+
+def _template(name: Any) -> str:
+    name = name or "base"
+    if not isinstance(name, str):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "templateID must be a string")
+    return TEMPLATES.get(name, name)
+
+
+def _detail(sandbox: dict[str, Any]) -> dict[str, Any]:
+    """E2B's SandboxDetail (and ListedSandbox) for a sandcell sandbox."""
+    return {
+        "templateID": sandbox["template"],
+        "sandboxID": sandbox["id"],
+        "clientID": CLIENT_ID,
+        "startedAt": sandbox["created_at"],
+        "endAt": sandbox["expires_at"],
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": 1,
+        "memoryMB": 512,
+        "diskSizeMB": 1024,
+        "metadata": {k: str(v) for k, v in (sandbox.get("metadata") or {}).items()},
+        "state": "running" if sandbox["state"] == "running" else "paused",
+    }
+
+
+async def _created(gateway: Gateway, sandbox: dict[str, Any], template: str) -> dict[str, Any]:
+    return {
+        "templateID": template,
+        "sandboxID": sandbox["id"],
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": await tokens.mint(gateway.router.store, sandbox["id"]),
+        "domain": None,
+    }
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await read_body(request, MAX_BODY)
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
+    if not isinstance(body, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+    return body
+
+
+def _timeout(body: dict[str, Any]) -> int | None:
+    value = body.get("timeout")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "timeout must be a positive integer")
+    return value
+
+
+class Control:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def _call(
+        self,
+        key: str,
+        handler: Any,
+        method: str,
+        path: str,
+        body: Any = None,
+        sandbox_id: str | None = None,
+    ) -> Response:
+        params = {"sandbox_id": sandbox_id} if sandbox_id else None
+        data = b"" if body is None else json.dumps(body).encode()
+        return await self.gateway.control(handler, key, method, path, body=data, path_params=params)
+
+    async def create(self, key: str, request: Request) -> Response:
+        body = await _body(request)
+        template = _template(body.get("templateID"))
+        create = {
+            "template": template,
+            "env": body.get("envVars") or {},
+            "metadata": body.get("metadata") or {},
+        }
+        if (timeout := _timeout(body)) is not None:
+            create["idle_timeout_s"] = timeout
+        response = await self._call(key, router_app.create_sandbox, "POST", "/v1/sandboxes", create)
+        sandbox = await read_json(response)
+        return JSONResponse(
+            await _created(self.gateway, sandbox, body.get("templateID") or "base"), 201
+        )
+
+    async def get(self, key: str, sandbox_id: str) -> dict[str, Any]:
+        path = f"/v1/sandboxes/{sandbox_id}"
+        response = await self._call(key, router_app.get_sandbox, "GET", path, sandbox_id=sandbox_id)
+        return await read_json(response)
+
+    async def describe(self, key: str, request: Request, sandbox_id: str) -> Response:
+        return JSONResponse(_detail(await self.get(key, sandbox_id)))
+
+    async def list(self, key: str, request: Request) -> Response:
+        response = await self._call(key, router_app.list_sandboxes, "GET", "/v1/sandboxes")
+        listed = await read_json(response)
+        wanted = {
+            k[len("metadata[") : -1]: v
+            for k, v in request.query_params.items()
+            if k.startswith("metadata[")
+        }
+        rows = [_detail(s) for s in listed["sandboxes"]]
+        rows = [r for r in rows if all(r["metadata"].get(k) == v for k, v in wanted.items())]
+        return JSONResponse(rows)
+
+    async def kill(self, key: str, request: Request, sandbox_id: str) -> Response:
+        path = f"/v1/sandboxes/{sandbox_id}"
+        await self._call(key, router_app.delete_sandbox, "DELETE", path, sandbox_id=sandbox_id)
+        return Response(status_code=204)
+
+    async def set_timeout(self, key: str, request: Request, sandbox_id: str) -> Response:
+        body = {"idle_timeout_s": _timeout(await _body(request))}
+        path = f"/v1/sandboxes/{sandbox_id}/keepalive"
+        await self._call(key, router_app.keepalive, "POST", path, body, sandbox_id)
+        return Response(status_code=204)
+
+    async def connect(self, key: str, request: Request, sandbox_id: str) -> Response:
+        body = {"idle_timeout_s": _timeout(await _body(request))}
+        path = f"/v1/sandboxes/{sandbox_id}/keepalive"
+        await self._call(key, router_app.keepalive, "POST", path, body, sandbox_id)
+        sandbox = await self.get(key, sandbox_id)
+        return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 200)
+
+    async def metrics(self, key: str, request: Request, sandbox_id: str) -> Response:
+        path = f"/v1/sandboxes/{sandbox_id}/metrics"
+        response = await self._call(key, sandbox_metrics, "GET", path, sandbox_id=sandbox_id)
+        m = await read_json(response)
+        return JSONResponse(
+            [
+                {
+                    "timestamp": m["at"],
+                    "timestampUnix": 0,
+                    "cpuCount": int(m.get("cpus") or 1),
+                    "cpuUsedPct": float(m.get("cpu_percent") or 0.0),
+                    "memUsed": int(m.get("memory_bytes") or 0),
+                    "memTotal": int(m.get("memory_limit_bytes") or 0),
+                    "memCache": 0,
+                    "diskUsed": int(m.get("disk_used_bytes") or 0),
+                    "diskTotal": int(m.get("disk_limit_bytes") or 0),
+                }
+            ]
+        )
+
+    async def unsupported(self, key: str, request: Request, sandbox_id: str) -> Response:
+        raise SandcellError(
+            ErrorCode.NOT_IMPLEMENTED,
+            "pause and resume are not supported by this sandcell server",
+        )

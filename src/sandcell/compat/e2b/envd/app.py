@@ -1,0 +1,67 @@
+"""The in-sandbox API ("envd") of E2B: who may call it, and which handler serves each path.
+
+Every call names its sandbox (`E2b-Sandbox-Id`) and proves it may use it with the sandbox's
+`X-Access-Token`, minted at create and stored hashed (see `tokens`). The handlers then reach
+the daemon only through the router's signing proxy (`Gateway.daemon`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from sandcell.compat.e2b import errors, files, tokens
+from sandcell.compat.e2b.envd import connect, filesystem, process
+from sandcell.compat.e2b.gateway import Gateway
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import read_body
+from sandcell.store import SandboxRecord
+
+ENVD_VERSION = "0.5.7"
+MAX_MESSAGE_BODY = 8 * 1_048_576
+UNARY: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
+    **{f"/process.Process/{name}": fn for name, fn in process.UNARY.items()},
+    **{f"/filesystem.Filesystem/{name}": fn for name, fn in filesystem.UNARY.items()},
+}
+STREAMS = {f"/process.Process/{name}": fn for name, fn in process.STREAMS.items()}
+
+
+async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
+    sandbox_id = request.headers.get("e2b-sandbox-id", "")
+    record = await gateway.router.store.get_sandbox(sandbox_id) if sandbox_id else None
+    token = request.headers.get("x-access-token", "")
+    if record is None or not await tokens.check(gateway.router.store, record.id, token):
+        raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
+    return record
+
+
+async def _rpc(gateway: Gateway, record: SandboxRecord, request: Request, path: str) -> Response:
+    body = await read_body(request, MAX_MESSAGE_BODY)
+    if path in STREAMS:
+        events = STREAMS[path](gateway, record, connect.first_message(body))
+        return StreamingResponse(connect.stream(events), media_type=connect.STREAM_MEDIA)
+    if path in UNARY:
+        return JSONResponse(await UNARY[path](gateway, record, connect.unary_message(body)))
+    raise SandcellError(ErrorCode.NOT_IMPLEMENTED, f"{path} is not served by sandcell")
+
+
+async def _serve(gateway: Gateway, request: Request, path: str) -> Response:
+    if path == "/health":
+        return Response(status_code=204)
+    record = await authorised(gateway, request)
+    if path == "/files":
+        if request.method == "GET":
+            return await files.download(gateway, record, request)
+        return await files.upload(gateway, record, request)
+    return await _rpc(gateway, record, request, path)
+
+
+async def handle(gateway: Gateway, request: Request, path: str) -> Response:
+    rpc = path.startswith(("/process.", "/filesystem."))
+    try:
+        return await _serve(gateway, request, path)
+    except SandcellError as exc:
+        return errors.connect_unary_error(exc) if rpc else errors.rest_error(exc)

@@ -1,0 +1,75 @@
+"""Files and lifecycle through the unmodified e2b SDK, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from e2b import AsyncSandbox, FileType, Sandbox
+from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxException
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sbx() -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(timeout=300, metadata={"purpose": "files"})
+    yield sandbox
+    sandbox.kill()
+
+
+def test_write_read_info_rename_remove(sbx: Sandbox) -> None:
+    info = sbx.files.write("/home/user/data/report.txt", "v1")
+    assert info.path == "/home/user/data/report.txt"
+    sbx.files.write("data/blob.bin", b"\x00\xff" * 1000)
+    assert sbx.files.read("/home/user/data/blob.bin", format="bytes") == b"\x00\xff" * 1000
+    entry = sbx.files.get_info("/home/user/data/report.txt")
+    assert (entry.name, entry.type, entry.size) == ("report.txt", FileType.FILE, 2)
+    moved = sbx.files.rename("/home/user/data/report.txt", "/home/user/data/final.txt")
+    assert moved.path == "/home/user/data/final.txt"
+    assert not sbx.files.exists("/home/user/data/report.txt")
+    assert sbx.files.read("/home/user/data/final.txt") == "v1"
+    sbx.files.remove("/home/user/data/final.txt")
+    assert not sbx.files.exists("/home/user/data/final.txt")
+
+
+def test_make_dir_and_list(sbx: Sandbox) -> None:
+    assert sbx.files.make_dir("/home/user/tree/a/b") is True
+    assert sbx.files.make_dir("/home/user/tree/a/b") is False  # already there
+    sbx.files.write("/home/user/tree/a/file.txt", "x")
+    names = {(e.name, e.type) for e in sbx.files.list("/home/user/tree/a")}
+    assert names == {("b", FileType.DIR), ("file.txt", FileType.FILE)}
+    deep = {e.path for e in sbx.files.list("/home/user/tree", depth=3)}
+    assert "/home/user/tree/a/b" in deep
+
+
+def test_missing_file_and_paths_outside_home(sbx: Sandbox) -> None:
+    with pytest.raises(NotFoundException):
+        sbx.files.read("/home/user/nothing-here")
+    for outside in ("/etc/passwd", "/home/user/../../etc/passwd", "../escape"):
+        with pytest.raises(SandboxException):
+            sbx.files.read(outside)
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.list("")
+
+
+def test_timeout_info_and_metadata(sbx: Sandbox) -> None:
+    sbx.set_timeout(200)
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id
+    assert info.metadata == {"purpose": "files"}
+    assert sbx.is_running()
+
+
+def test_async_sandbox() -> None:
+    async def scenario() -> None:
+        sandbox = await AsyncSandbox.create()
+        try:
+            await sandbox.files.write("hello.py", "print('from async')")
+            result = await sandbox.commands.run("python3 hello.py")
+            assert result.stdout == "from async\n"
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(scenario())
