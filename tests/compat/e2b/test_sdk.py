@@ -61,7 +61,7 @@ def test_envd_needs_the_sandboxs_own_access_token(e2b_server: RunningServer) -> 
         stat = f"{e2b_server.url}/e2b/filesystem.Filesystem/Stat"
         attempts = [None, "wrong", second._envd_access_token]
         for token in attempts:
-            headers = {"E2b-Sandbox-Id": first.sandbox_id, "E2b-Sandbox-Port": "49999"}
+            headers = {"E2b-Sandbox-Id": first.sandbox_id, "E2b-Sandbox-Port": "49983"}
             if token is not None:
                 headers["X-Access-Token"] = token
             answer = httpx.post(stat, json={"path": "/home/user"}, headers=headers)

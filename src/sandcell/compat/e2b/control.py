@@ -47,12 +47,15 @@ def _detail(sandbox: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _created(gateway: Gateway, sandbox: dict[str, Any], template: str) -> dict[str, Any]:
+    token = await tokens.mint(gateway.router.store, sandbox["id"])
     return {
         "templateID": template,
         "sandboxID": sandbox["id"],
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": await tokens.mint(gateway.router.store, sandbox["id"]),
+        "envdAccessToken": token,
+        # e2b-code-interpreter sends only this one on its /contexts calls: the same secret.
+        "trafficAccessToken": token,
         "domain": None,
     }
 

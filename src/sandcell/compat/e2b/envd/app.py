@@ -13,14 +13,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sandcell.compat.e2b import errors, files, tokens
+from sandcell.compat.e2b import errors, files, interpreter, tokens
 from sandcell.compat.e2b.envd import connect, filesystem, process
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body
 from sandcell.store import SandboxRecord
 
-ENVD_VERSION = "0.5.7"
 MAX_MESSAGE_BODY = 8 * 1_048_576
 UNARY: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
     **{f"/process.Process/{name}": fn for name, fn in process.UNARY.items()},
@@ -32,7 +31,11 @@ STREAMS = {f"/process.Process/{name}": fn for name, fn in process.STREAMS.items(
 async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     sandbox_id = request.headers.get("e2b-sandbox-id", "")
     record = await gateway.router.store.get_sandbox(sandbox_id) if sandbox_id else None
-    token = request.headers.get("x-access-token", "")
+    # The code interpreter's context calls carry only the traffic token; sandcell hands out
+    # the same secret as both (see control.py).
+    token = request.headers.get("x-access-token") or request.headers.get(
+        "e2b-traffic-access-token", ""
+    )
     if record is None or not await tokens.check(gateway.router.store, record.id, token):
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
     return record
@@ -52,6 +55,10 @@ async def _serve(gateway: Gateway, request: Request, path: str) -> Response:
     if path == "/health":
         return Response(status_code=204)
     record = await authorised(gateway, request)
+    if request.headers.get("e2b-sandbox-port") == interpreter.PORT and not path.startswith(
+        ("/process.", "/filesystem.", "/files")
+    ):
+        return await interpreter.serve(gateway, record, request, path)
     if path == "/files":
         if request.method == "GET":
             return await files.download(gateway, record, request)
