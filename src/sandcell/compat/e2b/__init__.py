@@ -1,7 +1,8 @@
 """E2B's wire protocol under `/e2b` (SPEC §14): its control API and its in-sandbox API.
 
-One origin serves both, as `E2B_API_URL` and `E2B_SANDBOX_URL` point at it: a request naming
-a sandbox (`E2b-Sandbox-Id`) is for envd, any other for the control API.
+One origin serves both, as `E2B_API_URL` and `E2B_SANDBOX_URL` point at it: `/sandboxes...`
+and `/v2/sandboxes...` are the control API, every other path is envd's (told apart by path, not
+by the `E2b-Sandbox-Id` header, which some SDK versions also send to the control API).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sandcell.errors import ErrorCode, SandcellError
 
 PREFIX = "/e2b"
 _ID = r"(?P<sandbox_id>[^/]+)"
+CONTROL_PATHS = re.compile(r"/(v2/)?sandboxes(/|$)")
 ControlRoute = tuple[str, re.Pattern[str], Callable[..., Awaitable[Response]]]
 
 
@@ -48,10 +50,10 @@ class E2bFacade:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         path = scope["path"][len(scope.get("root_path", "")) :] or "/"
-        if "e2b-sandbox-id" in request.headers:
-            response = await envd.handle(self.gateway, request, path)
-        else:
+        if CONTROL_PATHS.match(path):
             response = await self._control(request, path)
+        else:
+            response = await envd.handle(self.gateway, request, path)
         await response(scope, receive, send)
 
     async def _control(self, request: Request, path: str) -> Response:

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
-from sandcell.compat.e2b.paths import to_e2b, to_workspace
+from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body
 from sandcell.store import SandboxRecord
@@ -20,7 +20,6 @@ from sandcell.store import SandboxRecord
 PORT = "49999"
 MAX_BODY = 8 * 1_048_576
 DEFAULT_TIMEOUT_S = 300
-WORKSPACE = "/workspace"  # the daemon's default SANDCELL_WORKSPACE, as a context reports its cwd
 # sandcell's MIME bundle keys -> the keyword names of e2b_code_interpreter's Result.
 MIME_NAMES = {
     "text/plain": "text",
@@ -93,8 +92,8 @@ async def execute(gateway: Gateway, record: SandboxRecord, request: Request) -> 
 
 def _context(view: dict[str, Any]) -> dict[str, Any]:
     cwd = view.get("cwd", "")
-    if cwd == WORKSPACE or cwd.startswith(WORKSPACE + "/"):
-        cwd = to_e2b(cwd[len(WORKSPACE) :])
+    if cwd == CELL_WORKSPACE or cwd.startswith(CELL_WORKSPACE + "/"):
+        cwd = to_e2b(cwd[len(CELL_WORKSPACE) :])
     return {"id": view["id"], "language": view["language"], "cwd": cwd}
 
 

@@ -1,7 +1,9 @@
 """E2B's paths and sandcell's workspace: `/home/user` (E2B's home) is the workspace.
 
-A relative path is relative to the workspace, as in sandcell. Any other absolute path is
-refused here; the daemon confines what is left (dot segments, symlinks) on its own.
+Inside the cell the workspace is `/workspace` (and `$HOME`): commands see it there, so that
+path is accepted too, for callers that learnt it from a command (`pwd`). A relative path is
+relative to the workspace, as in sandcell. Any other absolute path is refused here; the daemon
+confines what is left (dot segments, symlinks) on its own.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import posixpath
 from sandcell.errors import ErrorCode, SandcellError
 
 HOME = "/home/user"
+CELL_WORKSPACE = "/workspace"
 
 
 def to_workspace(path: str | None) -> str:
@@ -24,10 +27,11 @@ def to_workspace(path: str | None) -> str:
     if not path.startswith("/"):
         return path
     normal = posixpath.normpath(path)
-    if normal == HOME:
-        return "."
-    if normal.startswith(HOME + "/"):
-        return normal[len(HOME) + 1 :]
+    for root in (HOME, CELL_WORKSPACE):
+        if normal == root:
+            return "."
+        if normal.startswith(root + "/"):
+            return normal[len(root) + 1 :]
     raise SandcellError(
         ErrorCode.FORBIDDEN, f"{path} is outside {HOME}, the only directory a sandbox has"
     )
