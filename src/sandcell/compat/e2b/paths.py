@@ -16,10 +16,12 @@ HOME = "/home/user"
 CELL_WORKSPACE = "/workspace"
 
 
-def to_workspace(path: str | None) -> str:
+def to_workspace(path: object) -> str:
     """The workspace-relative path for an E2B path ("." for the home itself)."""
-    if not path:
+    if path is None or path == "":
         return "."
+    if not isinstance(path, str):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "a path must be a string")
     if "\x00" in path:
         raise SandcellError(ErrorCode.BAD_REQUEST, "a path cannot hold NUL")
     if path.startswith("~"):

@@ -7,7 +7,7 @@ the daemon only through the router's signing proxy (`Gateway.daemon`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -44,11 +44,22 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
 async def _rpc(gateway: Gateway, record: SandboxRecord, request: Request, path: str) -> Response:
     body = await read_body(request, MAX_MESSAGE_BODY)
     if path in STREAMS:
-        events = STREAMS[path](gateway, record, connect.first_message(body))
+        events = _stream_events(STREAMS[path], gateway, record, body)
         return StreamingResponse(connect.stream(events), media_type=connect.STREAM_MEDIA)
     if path in UNARY:
         return JSONResponse(await UNARY[path](gateway, record, connect.unary_message(body)))
     raise SandcellError(ErrorCode.NOT_IMPLEMENTED, f"{path} is not served by sandcell")
+
+
+async def _stream_events(
+    handler: Callable[..., AsyncIterator[dict[str, Any]]],
+    gateway: Gateway,
+    record: SandboxRecord,
+    body: bytes,
+) -> AsyncIterator[dict[str, Any]]:
+    """A stream's events; a bad request message, too, ends the stream with its error."""
+    async for event in handler(gateway, record, connect.first_message(body)):
+        yield event
 
 
 async def _serve(gateway: Gateway, request: Request, path: str) -> Response:

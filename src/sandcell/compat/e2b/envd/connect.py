@@ -67,3 +67,24 @@ async def stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
         yield end_stream(connect_error(exc))
         return
     yield end_stream()
+
+
+def integer(value: Any, name: str, default: int = 0) -> int:
+    """A JSON integer field (proto3 JSON may send 64-bit ones as strings), or a 400."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdecimal() and value.isascii():
+        return int(value)
+    raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be an integer")
+
+
+def obj(message: dict[str, Any], name: str) -> dict[str, Any]:
+    """A nested message field: {} when absent, a 400 when it is not an object."""
+    value = message.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be an object")
+    return value

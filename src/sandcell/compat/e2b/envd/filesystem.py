@@ -6,6 +6,7 @@ import json
 import stat
 from typing import Any
 
+from sandcell.compat.e2b.envd.connect import integer
 from sandcell.compat.e2b.gateway import Gateway, read_json
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
 from sandcell.errors import ErrorCode, SandcellError
@@ -88,7 +89,7 @@ async def remove(
 async def list_dir(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    depth = max(1, int(message.get("depth") or 1))
+    depth = max(1, integer(message.get("depth"), "depth", 1))
     query = {"path": _path(message), "depth": str(depth)}
     listed = await read_json(await gateway.daemon(record, "GET", "files/list", query=query))
     return {"entries": [entry_info(e) for e in listed["entries"]]}

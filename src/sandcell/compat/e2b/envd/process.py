@@ -8,6 +8,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sandcell.compat.e2b.envd.connect import integer, obj
 from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
 from sandcell.compat.e2b.paths import to_workspace
 from sandcell.errors import ErrorCode, SandcellError
@@ -19,27 +20,36 @@ SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL
 
 
 def _pty(message: dict[str, Any]) -> dict[str, int] | None:
-    size = (message.get("pty") or {}).get("size")
-    return (
-        None
-        if size is None
-        else {"cols": int(size.get("cols", 80)), "rows": int(size.get("rows", 24))}
-    )
+    if message.get("pty") is None:
+        return None
+    size = obj(obj(message, "pty"), "size")
+    return {
+        "cols": integer(size.get("cols"), "cols", 80),
+        "rows": integer(size.get("rows"), "rows", 24),
+    }
 
 
 def start_body(message: dict[str, Any]) -> dict[str, Any]:
     """sandcell's process request for an envd StartRequest."""
-    config = message.get("process") or {}
+    config = obj(message, "process")
     if not isinstance(config.get("cmd"), str) or not config["cmd"]:
         raise SandcellError(ErrorCode.BAD_REQUEST, "process.cmd is required")
     return {
-        "command": [config["cmd"], *map(str, config.get("args") or [])],
+        "command": [config["cmd"], *_strings(config.get("args"), "process.args")],
         "cwd": to_workspace(config.get("cwd")),
-        "env": dict(config.get("envs") or {}),
-        "stdin": bool(message.get("stdin", False)) or "pty" in message,
+        "env": obj(config, "envs"),
+        "stdin": message.get("stdin") is True or message.get("pty") is not None,
         "pty": _pty(message),
-        "tag": message.get("tag"),
+        "tag": message.get("tag") if isinstance(message.get("tag"), str) else None,
     }
+
+
+def _strings(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be a list of strings")
+    return value
 
 
 def _end(exit_event: dict[str, Any]) -> Event:
@@ -73,13 +83,10 @@ async def start(
         yield event
 
 
-async def resolve_pid(
-    gateway: Gateway, record: SandboxRecord, selector: dict[str, Any] | None
-) -> int:
+async def resolve_pid(gateway: Gateway, record: SandboxRecord, selector: dict[str, Any]) -> int:
     """The pid a ProcessSelector names, by pid or by tag."""
-    selector = selector or {}
     if "pid" in selector:
-        return int(selector["pid"])
+        return integer(selector["pid"], "pid")
     tag = selector.get("tag")
     listed = await read_json(await gateway.daemon(record, "GET", "processes"))
     for process in listed["processes"]:
@@ -91,7 +98,7 @@ async def resolve_pid(
 async def connect(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> AsyncIterator[Event]:
-    pid = await resolve_pid(gateway, record, message.get("process"))
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
     yield {"event": {"start": {"pid": pid}}}
     async for event in _events(gateway, record, pid):
         yield event
@@ -120,8 +127,8 @@ async def list_processes(
 async def send_input(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    pid = await resolve_pid(gateway, record, message.get("process"))
-    given = message.get("input") or {}
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    given = obj(message, "input")
     data = given.get("stdin", given.get("pty", ""))
     try:
         raw = base64.b64decode(data, validate=True)
@@ -134,8 +141,9 @@ async def send_input(
 async def send_signal(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    pid = await resolve_pid(gateway, record, message.get("process"))
-    name = SIGNALS.get(message.get("signal", "SIGNAL_SIGKILL"))
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    given = message.get("signal", "SIGNAL_SIGKILL")
+    name = SIGNALS.get(given) if isinstance(given, (str, int)) else None
     if name is None:
         raise SandcellError(ErrorCode.BAD_REQUEST, f"unknown signal {message.get('signal')!r}")
     body = json.dumps({"signal": name}).encode()
@@ -146,7 +154,7 @@ async def send_signal(
 async def close_stdin(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    pid = await resolve_pid(gateway, record, message.get("process"))
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
     await gateway.daemon(record, "POST", f"processes/{pid}/stdin/close")
     return {}
 
@@ -154,7 +162,7 @@ async def close_stdin(
 async def update(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    pid = await resolve_pid(gateway, record, message.get("process"))
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
     size = _pty(message)
     if size is not None:
         await gateway.daemon(
