@@ -74,9 +74,14 @@ class Router:
         body out of its key's byte budget (both given back by `release`)."""
         client = request.client.host if request.client else "unknown"
         principal = await self.auth.authenticate(request.headers.get("authorization"), client)
-        self.fair_share.admit(request.scope, principal.name)
-        request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
+        self.admit(request.scope, principal.name)
         return principal
+
+    def admit(self, scope: Scope, name: str) -> None:
+        """Holds one of `name`'s in-flight slots and leases its byte budget for this request;
+        for callers authenticated otherwise than by API key (the E2B façade's access tokens)."""
+        self.fair_share.admit(scope, name)
+        scope.setdefault(BODY_BUDGET, self.bodies.lease(name))
 
     def release(self, scope: Scope) -> None:
         """At the end of a request, whatever `principal` made it hold."""

@@ -38,6 +38,8 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     )
     if record is None or not await tokens.check(gateway.router.store, record.id, token):
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
+    # The sandbox's owner pays for the call, as for its own proxied requests.
+    gateway.router.admit(request.scope, record.owner)
     return record
 
 
