@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from e2b import AsyncSandbox, FileType, Sandbox
+from e2b import AsyncSandbox, FileType, Sandbox, SandboxQuery
 from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxException
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +53,28 @@ def test_missing_file_and_paths_outside_home(sbx: Sandbox) -> None:
             sbx.files.read(outside)
     with pytest.raises(InvalidArgumentException):
         sbx.files.list("")
+
+
+def test_several_files_at_once(sbx: Sandbox) -> None:
+    written = sbx.files.write_files(
+        [
+            WriteEntry(path="/home/user/many/one.txt", data="1"),
+            WriteEntry(path="many/two.bin", data=b"\x02"),
+        ]
+    )
+    assert sorted(w.path for w in written) == ["/home/user/many/one.txt", "/home/user/many/two.bin"]
+    assert sbx.files.read("/home/user/many/two.bin", format="bytes") == b"\x02"
+
+
+def test_list_filters_by_metadata(sbx: Sandbox) -> None:
+    other = Sandbox.create(metadata={"purpose": "other thing"})
+    try:
+        mine = SandboxQuery(metadata={"purpose": "files"})
+        assert [s.sandbox_id for s in Sandbox.list(query=mine).next_items()] == [sbx.sandbox_id]
+        theirs = SandboxQuery(metadata={"purpose": "other thing"})
+        assert [s.sandbox_id for s in Sandbox.list(query=theirs).next_items()] == [other.sandbox_id]
+    finally:
+        other.kill()
 
 
 def test_timeout_info_and_metadata(sbx: Sandbox) -> None:

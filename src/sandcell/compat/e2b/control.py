@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -80,6 +81,17 @@ def _timeout(body: dict[str, Any]) -> int | None:
     return value
 
 
+def _matches(row: dict[str, Any], request: Request) -> bool:
+    """E2B's list filters: `metadata` (an urlencoded `k=v&...` string) and `state`."""
+    # The SDK quotes each key and value, then urlencodes the lot: two decodings.
+    pairs = parse_qsl(request.query_params.get("metadata", ""))
+    wanted = [(unquote(k), unquote(v)) for k, v in pairs]
+    states = request.query_params.get("state")
+    if states and row["state"] not in states.split(","):
+        return False
+    return all(row["metadata"].get(k) == v for k, v in wanted)
+
+
 class Control:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -124,14 +136,8 @@ class Control:
     async def list(self, key: str, request: Request) -> Response:
         response = await self._call(key, router_app.list_sandboxes, "GET", "/v1/sandboxes")
         listed = await read_json(response)
-        wanted = {
-            k[len("metadata[") : -1]: v
-            for k, v in request.query_params.items()
-            if k.startswith("metadata[")
-        }
         rows = [_detail(s) for s in listed["sandboxes"]]
-        rows = [r for r in rows if all(r["metadata"].get(k) == v for k, v in wanted.items())]
-        return JSONResponse(rows)
+        return JSONResponse([r for r in rows if _matches(r, request)])
 
     async def kill(self, key: str, request: Request, sandbox_id: str) -> Response:
         path = f"/v1/sandboxes/{sandbox_id}"
