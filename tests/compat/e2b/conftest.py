@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from e2b import Sandbox
 
 from sdk.helpers import stop_and_clean
 from support.server import RunningServer, start_server
@@ -37,3 +38,11 @@ def _e2b_environment(e2b_env: dict[str, str]) -> Iterator[None]:
         for name, value in e2b_env.items():
             patch.setenv(name, value)
         yield
+
+
+@pytest.fixture(scope="module")
+def sbx(_e2b_environment: None) -> Iterator[Sandbox]:
+    """One sandbox per test module, made and killed through the e2b SDK."""
+    sandbox = Sandbox.create(timeout=300)
+    yield sandbox
+    sandbox.kill()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 from e2b import Sandbox
@@ -12,13 +10,6 @@ from e2b.exceptions import SandboxException
 from support.server import RunningServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sbx() -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(timeout=120)
-    yield sandbox
-    sandbox.kill()
 
 
 def _envd(server: RunningServer, sbx: Sandbox) -> httpx.Client:

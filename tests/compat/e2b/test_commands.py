@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from e2b import Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sbx() -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(timeout=300)
-    yield sandbox
-    sandbox.kill()
 
 
 def test_foreground_callbacks_env_and_cwd(sbx: Sandbox) -> None:

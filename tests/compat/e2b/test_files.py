@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from e2b import AsyncSandbox, FileType, Sandbox, SandboxQuery
@@ -11,13 +10,6 @@ from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxE
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sbx() -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(timeout=300, metadata={"purpose": "files"})
-    yield sandbox
-    sandbox.kill()
 
 
 def test_write_read_info_rename_remove(sbx: Sandbox) -> None:
@@ -66,22 +58,24 @@ def test_several_files_at_once(sbx: Sandbox) -> None:
     assert sbx.files.read("/home/user/many/two.bin", format="bytes") == b"\x02"
 
 
-def test_list_filters_by_metadata(sbx: Sandbox) -> None:
+def test_list_filters_by_metadata() -> None:
+    one = Sandbox.create(metadata={"purpose": "files"})
     other = Sandbox.create(metadata={"purpose": "other thing"})
     try:
         mine = SandboxQuery(metadata={"purpose": "files"})
-        assert [s.sandbox_id for s in Sandbox.list(query=mine).next_items()] == [sbx.sandbox_id]
+        assert [s.sandbox_id for s in Sandbox.list(query=mine).next_items()] == [one.sandbox_id]
         theirs = SandboxQuery(metadata={"purpose": "other thing"})
         assert [s.sandbox_id for s in Sandbox.list(query=theirs).next_items()] == [other.sandbox_id]
+        assert one.get_info().metadata == {"purpose": "files"}
     finally:
+        one.kill()
         other.kill()
 
 
-def test_timeout_info_and_metadata(sbx: Sandbox) -> None:
+def test_timeout_and_info(sbx: Sandbox) -> None:
     sbx.set_timeout(200)
     info = sbx.get_info()
     assert info.sandbox_id == sbx.sandbox_id
-    assert info.metadata == {"purpose": "files"}
     assert sbx.is_running()
 
 

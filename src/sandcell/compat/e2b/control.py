@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sandcell.compat.e2b import tokens
+from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway, read_json
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import read_body
 from sandcell.router import app as router_app
 from sandcell.router.usage import sandbox_metrics
 
@@ -61,17 +61,6 @@ async def _created(gateway: Gateway, sandbox: dict[str, Any], template: str) -> 
     }
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await read_body(request, MAX_BODY)
-    try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
-    if not isinstance(body, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
-    return body
-
-
 def _timeout(body: dict[str, Any]) -> int | None:
     value = body.get("timeout")
     if value is None:
@@ -110,7 +99,7 @@ class Control:
         return await self.gateway.control(handler, key, method, path, body=data, path_params=params)
 
     async def create(self, key: str, request: Request) -> Response:
-        body = await _body(request)
+        body = await json_body(request, MAX_BODY)
         template = _template(body.get("templateID"))
         create = {
             "template": template,
@@ -145,13 +134,13 @@ class Control:
         return Response(status_code=204)
 
     async def set_timeout(self, key: str, request: Request, sandbox_id: str) -> Response:
-        body = {"idle_timeout_s": _timeout(await _body(request))}
+        body = {"idle_timeout_s": _timeout(await json_body(request, MAX_BODY))}
         path = f"/v1/sandboxes/{sandbox_id}/keepalive"
         await self._call(key, router_app.keepalive, "POST", path, body, sandbox_id)
         return Response(status_code=204)
 
     async def connect(self, key: str, request: Request, sandbox_id: str) -> Response:
-        body = {"idle_timeout_s": _timeout(await _body(request))}
+        body = {"idle_timeout_s": _timeout(await json_body(request, MAX_BODY))}
         path = f"/v1/sandboxes/{sandbox_id}/keepalive"
         await self._call(key, router_app.keepalive, "POST", path, body, sandbox_id)
         sandbox = await self.get(key, sandbox_id)

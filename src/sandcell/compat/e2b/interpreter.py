@@ -11,10 +11,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
 from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import read_body
 from sandcell.store import SandboxRecord
 
 PORT = "49999"
@@ -58,19 +58,8 @@ async def _execute_lines(response: Response) -> AsyncIterator[bytes]:
             yield _line(translated)
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await read_body(request, MAX_BODY)
-    try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
-    if not isinstance(body, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
-    return body
-
-
 async def execute(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
-    body = await _json_body(request)
+    body = await json_body(request, MAX_BODY)
     run = {
         "code": body.get("code"),
         "language": body.get("language") or "python",
@@ -98,7 +87,7 @@ def _context(view: dict[str, Any]) -> dict[str, Any]:
 
 
 async def create_context(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
-    body = await _json_body(request)
+    body = await json_body(request, MAX_BODY)
     create = {"language": body.get("language") or "python", "cwd": to_workspace(body.get("cwd"))}
     response = await gateway.daemon(
         record, "POST", "code/contexts", body=json.dumps(create).encode()

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b import errors, files, interpreter, tokens
+from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.envd import connect, filesystem, process
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
@@ -49,7 +50,7 @@ async def _rpc(gateway: Gateway, record: SandboxRecord, request: Request, path: 
         events = _stream_events(STREAMS[path], gateway, record, body)
         return StreamingResponse(connect.stream(events), media_type=connect.STREAM_MEDIA)
     if path in UNARY:
-        return JSONResponse(await UNARY[path](gateway, record, connect.unary_message(body)))
+        return JSONResponse(await UNARY[path](gateway, record, json_object(body)))
     raise SandcellError(ErrorCode.NOT_IMPLEMENTED, f"{path} is not served by sandcell")
 
 

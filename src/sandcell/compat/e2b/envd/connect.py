@@ -13,6 +13,7 @@ import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.errors import connect_error
 from sandcell.errors import ErrorCode, SandcellError
 
@@ -32,16 +33,6 @@ def end_stream(error: dict[str, str] | None = None) -> bytes:
     return envelope({"error": error} if error else {}, END_STREAM)
 
 
-def _message(data: bytes) -> dict[str, Any]:
-    try:
-        message = json.loads(data) if data.strip() else {}
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the message is not JSON") from exc
-    if not isinstance(message, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the message is not a JSON object")
-    return message
-
-
 def first_message(body: bytes) -> dict[str, Any]:
     """The one request message of a server stream, out of its envelope."""
     if len(body) < HEADER.size:
@@ -51,11 +42,7 @@ def first_message(body: bytes) -> dict[str, Any]:
         raise SandcellError(ErrorCode.BAD_REQUEST, "compressed envelopes are not supported")
     if length > MAX_MESSAGE or HEADER.size + length > len(body):
         raise SandcellError(ErrorCode.BAD_REQUEST, "the envelope's length is wrong")
-    return _message(body[HEADER.size : HEADER.size + length])
-
-
-def unary_message(body: bytes) -> dict[str, Any]:
-    return _message(body)
+    return json_object(body[HEADER.size : HEADER.size + length])
 
 
 async def stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
