@@ -29,6 +29,11 @@ def test_foreground_callbacks_env_and_cwd(sbx: Sandbox) -> None:
     assert "".join(err) == "bad\n"
 
 
+def test_cwd_elsewhere_in_the_cell(sbx: Sandbox) -> None:
+    assert sbx.commands.run("pwd", cwd="/").stdout == "/\n"
+    assert sbx.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+
+
 def test_background_list_kill(sbx: Sandbox) -> None:
     handle = sbx.commands.run("sleep 60", background=True)
     assert handle.pid in [p.pid for p in sbx.commands.list()]

@@ -3,13 +3,11 @@ one venv holds one e2b, and run against the same server as the newest one."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import venv
 from pathlib import Path
 
 import pytest
+
+from compat.e2b.venvs import run_in_venv
 
 pytestmark = pytest.mark.slow
 E2B_27 = "e2b==2.7.0"
@@ -44,24 +42,8 @@ except NotFoundException:
 """
 
 
-def _python(venv_dir: Path) -> Path:
-    venv.EnvBuilder(with_pip=True).create(venv_dir)
-    python = venv_dir / "bin" / "python"
-    subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", E2B_27],
-        check=True,
-        timeout=600,
-    )
-    return python
-
-
 @pytest.mark.timeout(900)
 def test_e2b_2_7(tmp_path: Path, e2b_env: dict[str, str]) -> None:
-    python = _python(tmp_path / "venv")
-    env = {**os.environ, **e2b_env}
-    done = subprocess.run(
-        [python, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = run_in_venv(tmp_path / "venv", [E2B_27], SCRIPT, e2b_env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
-    assert sys.executable != str(python)

@@ -31,10 +31,18 @@ def test_create_run_files_kill() -> None:
         assert sbx.kill()
 
 
+def test_key_in_e2b_hex_form(e2b_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some e2b versions accept only `e2b_<hex>` keys: a sandcell key hex-encoded passes."""
+    monkeypatch.setenv("E2B_API_KEY", "e2b_" + e2b_env["E2B_API_KEY"].encode().hex())
+    sbx = Sandbox.create()
+    assert sbx.kill()
+
+
 def test_wrong_key_is_an_authentication_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("E2B_API_KEY", "sk-not-a-sandcell-key")
-    with pytest.raises(AuthenticationException):
-        Sandbox.create()
+    for wrong in ("sk-not-a-sandcell-key", "e2b_" + b"sc_guess".hex(), "e2b_ff"):
+        monkeypatch.setenv("E2B_API_KEY", wrong)
+        with pytest.raises(AuthenticationException):
+            Sandbox.create()
 
 
 def test_another_principals_sandbox_is_not_found(

@@ -34,14 +34,28 @@ def start_body(message: dict[str, Any]) -> dict[str, Any]:
     config = obj(message, "process")
     if not isinstance(config.get("cmd"), str) or not config["cmd"]:
         raise SandcellError(ErrorCode.BAD_REQUEST, "process.cmd is required")
+    argv = [config["cmd"], *_strings(config.get("args"), "process.args")]
+    command, cwd = _placed(argv, config.get("cwd"))
     return {
-        "command": [config["cmd"], *_strings(config.get("args"), "process.args")],
-        "cwd": to_workspace(config.get("cwd")),
+        "command": command,
+        "cwd": cwd,
         "env": obj(config, "envs"),
         "stdin": message.get("stdin") is True or message.get("pty") is not None,
         "pty": _pty(message),
         "tag": message.get("tag") if isinstance(message.get("tag"), str) else None,
     }
+
+
+def _placed(argv: list[str], cwd: Any) -> tuple[list[str], str]:
+    """(command, workspace cwd) for a process E2B starts in `cwd`. The daemon starts processes
+    in the workspace only; a cwd elsewhere in the cell (E2B callers use `/`) is entered by a
+    shell before the command: the cell, not the cwd, is what confines a command."""
+    try:
+        return argv, to_workspace(cwd)
+    except SandcellError as exc:
+        if exc.code is not ErrorCode.FORBIDDEN:
+            raise
+    return ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv], "."
 
 
 def _strings(value: Any, name: str) -> list[str]:
