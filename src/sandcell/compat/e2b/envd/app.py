@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b import errors, files, interpreter, tokens
 from sandcell.compat.e2b.bodies import json_object
-from sandcell.compat.e2b.envd import connect, filesystem, process
+from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body
@@ -25,8 +25,12 @@ MAX_MESSAGE_BODY = 8 * 1_048_576
 UNARY: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
     **{f"/process.Process/{name}": fn for name, fn in process.UNARY.items()},
     **{f"/filesystem.Filesystem/{name}": fn for name, fn in filesystem.UNARY.items()},
+    **{f"/filesystem.Filesystem/{name}": fn for name, fn in watch.UNARY.items()},
 }
-STREAMS = {f"/process.Process/{name}": fn for name, fn in process.STREAMS.items()}
+STREAMS = {
+    **{f"/process.Process/{name}": fn for name, fn in process.STREAMS.items()},
+    **{f"/filesystem.Filesystem/{name}": fn for name, fn in watch.STREAMS.items()},
+}
 
 
 async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:

@@ -33,7 +33,7 @@ def entry_info(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _path(message: dict[str, Any], field: str = "path") -> str:
+def path_of(message: dict[str, Any], field: str = "path") -> str:
     value = message.get(field)
     if not isinstance(value, str) or not value:
         raise SandcellError(ErrorCode.BAD_REQUEST, f"{field} is required")
@@ -47,13 +47,13 @@ async def _stat(gateway: Gateway, record: SandboxRecord, path: str) -> dict[str,
 async def stat_entry(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    return {"entry": entry_info(await _stat(gateway, record, _path(message)))}
+    return {"entry": entry_info(await _stat(gateway, record, path_of(message)))}
 
 
 async def make_dir(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    path = _path(message)
+    path = path_of(message)
     try:
         await _stat(gateway, record, path)
     except SandcellError as exc:
@@ -68,8 +68,8 @@ async def make_dir(
 
 async def move(gateway: Gateway, record: SandboxRecord, message: dict[str, Any]) -> dict[str, Any]:
     body = {
-        "from": _path(message, "source"),
-        "to": _path(message, "destination"),
+        "from": path_of(message, "source"),
+        "to": path_of(message, "destination"),
         "overwrite": True,
     }
     entry = await read_json(
@@ -81,7 +81,7 @@ async def move(gateway: Gateway, record: SandboxRecord, message: dict[str, Any])
 async def remove(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    query = {"path": _path(message), "recursive": "true"}
+    query = {"path": path_of(message), "recursive": "true"}
     await gateway.daemon(record, "DELETE", "files", query=query)
     return {}
 
@@ -90,7 +90,7 @@ async def list_dir(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
     depth = max(1, integer(message.get("depth"), "depth", 1))
-    query = {"path": _path(message), "depth": str(depth)}
+    query = {"path": path_of(message), "depth": str(depth)}
     listed = await read_json(await gateway.daemon(record, "GET", "files/list", query=query))
     return {"entries": [entry_info(e) for e in listed["entries"]]}
 
