@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import AuthenticationException, NotFoundException
+from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 from e2b.sandbox.commands.command_handle import CommandExitException
 
 from support.server import RunningServer
@@ -27,8 +27,14 @@ def test_create_run_files_kill() -> None:
         with pytest.raises(CommandExitException) as caught:
             sbx.commands.run("exit 3")
         assert caught.value.exit_code == 3
+        assert sbx.is_running()
     finally:
         assert sbx.kill()
+    assert not sbx.is_running()
+    with pytest.raises(SandboxException, match="was not found"):
+        sbx.files.read("notes/a.txt")
+    with pytest.raises(SandboxException, match="was not found"):
+        sbx.commands.run("true")
 
 
 def test_key_in_e2b_hex_form(e2b_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:

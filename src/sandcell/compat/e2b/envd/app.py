@@ -34,15 +34,22 @@ STREAMS = {
 
 
 async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
+    """The running sandbox the call names, once its token is checked. The token is checked
+    first, so only its holder learns that a sandbox has gone (E2B's "was not found", which
+    the SDK turns into `SandboxNotRunningException` and `is_running() == False`)."""
     sandbox_id = request.headers.get("e2b-sandbox-id", "")
-    record = await gateway.router.store.get_sandbox(sandbox_id) if sandbox_id else None
     # The code interpreter's context calls carry only the traffic token; sandcell hands out
     # the same secret as both (see control.py).
     token = request.headers.get("x-access-token") or request.headers.get(
         "e2b-traffic-access-token", ""
     )
-    if record is None or not await tokens.check(gateway.router.store, record.id, token):
+    if not sandbox_id or not await tokens.check(gateway.router.store, sandbox_id, token):
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
+    record = await gateway.router.store.get_sandbox(sandbox_id)
+    if record is None or record.state != "running":
+        raise SandcellError(
+            ErrorCode.SANDBOX_UNREACHABLE, f"The sandbox {sandbox_id} was not found"
+        )
     # The sandbox's owner pays for the call, as for its own proxied requests.
     gateway.router.admit(request.scope, record.owner)
     return record
@@ -70,9 +77,9 @@ async def _stream_events(
 
 
 async def _serve(gateway: Gateway, request: Request, path: str) -> Response:
+    record = await authorised(gateway, request)
     if path == "/health":
         return Response(status_code=204)
-    record = await authorised(gateway, request)
     if request.headers.get("e2b-sandbox-port") == interpreter.PORT and not path.startswith(
         ("/process.", "/filesystem.", "/files")
     ):
