@@ -7,7 +7,6 @@ by the `E2b-Sandbox-Id` header, which some SDK versions also send to the control
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Awaitable, Callable
 
@@ -25,7 +24,6 @@ from sandcell.errors import ErrorCode, SandcellError
 
 PREFIX = "/e2b"
 _ID = r"(?P<sandbox_id>[^/]+)"
-HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
 CONTROL_PATHS = re.compile(r"/(v2/)?sandboxes(/|$)")
 ControlRoute = tuple[str, re.Pattern[str], Callable[..., Awaitable[Response]]]
 
@@ -42,15 +40,6 @@ def _routes(control: Control) -> list[ControlRoute]:
         ("POST", rf"/sandboxes/{_ID}/(pause|resume)", control.unsupported),
     ]
     return [(method, re.compile(pattern + "$"), fn) for method, pattern, fn in table]
-
-
-def sandcell_key(api_key: str) -> str:
-    """The sandcell key in an `X-API-KEY`: as given, or hex-encoded behind `e2b_`, the only
-    form some e2b versions (2.2x-2.3x) let through their own format check."""
-    if HEX_KEY.match(api_key):
-        with contextlib.suppress(ValueError):
-            return bytes.fromhex(api_key[len("e2b_") :]).decode("ascii")
-    return api_key
 
 
 class E2bFacade:
@@ -76,9 +65,8 @@ class E2bFacade:
     async def _dispatch(self, request: Request, path: str) -> Response:
         for method, pattern, fn in self.routes:
             if request.method == method and (match := pattern.match(path)):
-                key = sandcell_key(request.headers.get("x-api-key", ""))
                 params = {k: v for k, v in match.groupdict().items() if v}
-                return await fn(key, request, **params)
+                return await fn(request, **params)
         raise SandcellError(ErrorCode.NOT_FOUND, f"{request.method} {path} is not served")
 
 

@@ -3,7 +3,9 @@ sandcell's own router handlers, run in-process with the caller's key (`X-API-KEY
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -21,6 +23,7 @@ ENVD_VERSION = "0.5.7"
 CLIENT_ID = "sandcell"
 TEMPLATES = {"base": "default", "code-interpreter-v1": "code-interpreter"}
 MAX_BODY = 1_048_576
+HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
 
 
 def _template(name: Any) -> str:
@@ -81,13 +84,22 @@ def _matches(row: dict[str, Any], request: Request) -> bool:
     return all(row["metadata"].get(k) == v for k, v in wanted)
 
 
+def sandcell_key(api_key: str) -> str:
+    """The sandcell key in an `X-API-KEY`: as given, or hex-encoded behind `e2b_`, the only
+    form some e2b versions (2.2x-2.3x) let through their own format check."""
+    if HEX_KEY.match(api_key):
+        with contextlib.suppress(ValueError):
+            return bytes.fromhex(api_key[len("e2b_") :]).decode("ascii")
+    return api_key
+
+
 class Control:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
     async def _call(
         self,
-        key: str,
+        outer: Request,
         handler: Any,
         method: str,
         path: str,
@@ -96,9 +108,13 @@ class Control:
     ) -> Response:
         params = {"sandbox_id": sandbox_id} if sandbox_id else None
         data = b"" if body is None else json.dumps(body).encode()
-        return await self.gateway.control(handler, key, method, path, body=data, path_params=params)
+        key = sandcell_key(outer.headers.get("x-api-key", ""))
+        client = outer.client.host if outer.client else "unknown"
+        return await self.gateway.control(
+            handler, key, client, method, path, body=data, path_params=params
+        )
 
-    async def create(self, key: str, request: Request) -> Response:
+    async def create(self, request: Request) -> Response:
         body = await json_body(request, MAX_BODY)
         template = _template(body.get("templateID"))
         create = {
@@ -108,47 +124,51 @@ class Control:
         }
         if (timeout := _timeout(body)) is not None:
             create["idle_timeout_s"] = timeout
-        response = await self._call(key, router_app.create_sandbox, "POST", "/v1/sandboxes", create)
+        response = await self._call(
+            request, router_app.create_sandbox, "POST", "/v1/sandboxes", create
+        )
         sandbox = await read_json(response)
         return JSONResponse(
             await _created(self.gateway, sandbox, body.get("templateID") or "base"), 201
         )
 
-    async def get(self, key: str, sandbox_id: str) -> dict[str, Any]:
+    async def get(self, request: Request, sandbox_id: str) -> dict[str, Any]:
         path = f"/v1/sandboxes/{sandbox_id}"
-        response = await self._call(key, router_app.get_sandbox, "GET", path, sandbox_id=sandbox_id)
+        response = await self._call(
+            request, router_app.get_sandbox, "GET", path, sandbox_id=sandbox_id
+        )
         return await read_json(response)
 
-    async def describe(self, key: str, request: Request, sandbox_id: str) -> Response:
-        return JSONResponse(_detail(await self.get(key, sandbox_id)))
+    async def describe(self, request: Request, sandbox_id: str) -> Response:
+        return JSONResponse(_detail(await self.get(request, sandbox_id)))
 
-    async def list(self, key: str, request: Request) -> Response:
-        response = await self._call(key, router_app.list_sandboxes, "GET", "/v1/sandboxes")
+    async def list(self, request: Request) -> Response:
+        response = await self._call(request, router_app.list_sandboxes, "GET", "/v1/sandboxes")
         listed = await read_json(response)
         rows = [_detail(s) for s in listed["sandboxes"]]
         return JSONResponse([r for r in rows if _matches(r, request)])
 
-    async def kill(self, key: str, request: Request, sandbox_id: str) -> Response:
+    async def kill(self, request: Request, sandbox_id: str) -> Response:
         path = f"/v1/sandboxes/{sandbox_id}"
-        await self._call(key, router_app.delete_sandbox, "DELETE", path, sandbox_id=sandbox_id)
+        await self._call(request, router_app.delete_sandbox, "DELETE", path, sandbox_id=sandbox_id)
         return Response(status_code=204)
 
-    async def set_timeout(self, key: str, request: Request, sandbox_id: str) -> Response:
+    async def set_timeout(self, request: Request, sandbox_id: str) -> Response:
         body = {"idle_timeout_s": _timeout(await json_body(request, MAX_BODY))}
         path = f"/v1/sandboxes/{sandbox_id}/keepalive"
-        await self._call(key, router_app.keepalive, "POST", path, body, sandbox_id)
+        await self._call(request, router_app.keepalive, "POST", path, body, sandbox_id)
         return Response(status_code=204)
 
-    async def connect(self, key: str, request: Request, sandbox_id: str) -> Response:
+    async def connect(self, request: Request, sandbox_id: str) -> Response:
         body = {"idle_timeout_s": _timeout(await json_body(request, MAX_BODY))}
         path = f"/v1/sandboxes/{sandbox_id}/keepalive"
-        await self._call(key, router_app.keepalive, "POST", path, body, sandbox_id)
-        sandbox = await self.get(key, sandbox_id)
+        await self._call(request, router_app.keepalive, "POST", path, body, sandbox_id)
+        sandbox = await self.get(request, sandbox_id)
         return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 200)
 
-    async def metrics(self, key: str, request: Request, sandbox_id: str) -> Response:
+    async def metrics(self, request: Request, sandbox_id: str) -> Response:
         path = f"/v1/sandboxes/{sandbox_id}/metrics"
-        response = await self._call(key, sandbox_metrics, "GET", path, sandbox_id=sandbox_id)
+        response = await self._call(request, sandbox_metrics, "GET", path, sandbox_id=sandbox_id)
         m = await read_json(response)
         return JSONResponse(
             [
@@ -166,7 +186,7 @@ class Control:
             ]
         )
 
-    async def unsupported(self, key: str, request: Request, sandbox_id: str) -> Response:
+    async def unsupported(self, request: Request, sandbox_id: str) -> Response:
         raise SandcellError(
             ErrorCode.NOT_IMPLEMENTED,
             "pause and resume are not supported by this sandcell server",

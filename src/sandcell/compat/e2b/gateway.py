@@ -31,6 +31,7 @@ def _scope(
     query: dict[str, Any] | None,
     headers: dict[str, str],
     path_params: dict[str, str],
+    client: str,
 ) -> dict[str, Any]:
     return {
         "type": "http",
@@ -41,7 +42,7 @@ def _scope(
         "raw_path": quote(path).encode(),
         "query_string": urlencode(query or {}).encode(),
         "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
-        "client": ("127.0.0.1", 0),
+        "client": (client, 0),
         "server": ("127.0.0.1", 0),
         "app": app,
         "path_params": path_params,
@@ -57,8 +58,10 @@ def request(
     query: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
     path_params: dict[str, str] | None = None,
+    client: str = "127.0.0.1",
 ) -> Request:
-    """A Request as the router's handlers expect one, with `body` as its whole body."""
+    """A Request as the router's handlers expect one, with `body` as its whole body and
+    `client` as its peer (the router's failed-key brake counts by address)."""
     sent = False
 
     async def receive() -> dict[str, Any]:
@@ -69,7 +72,8 @@ def request(
         return {"type": "http.request", "body": body, "more_body": False}
 
     all_headers = {"content-length": str(len(body)), **(headers or {})}
-    return Request(_scope(app, method, path, query, all_headers, path_params or {}), receive)
+    scope = _scope(app, method, path, query, all_headers, path_params or {}, client)
+    return Request(scope, receive)
 
 
 async def body_chunks(response: Response) -> AsyncIterator[bytes]:
@@ -117,6 +121,7 @@ class Gateway:
         self,
         handler: Handler,
         api_key: str,
+        client: str,
         method: str,
         path: str,
         *,
@@ -131,6 +136,7 @@ class Gateway:
             body=body,
             path_params=path_params,
             headers={"authorization": f"Bearer {api_key}", "content-type": "application/json"},
+            client=client,
         )
         try:
             return await handler(req)
