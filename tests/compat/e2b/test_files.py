@@ -45,6 +45,15 @@ def test_missing_file_and_paths_outside_home(sbx: Sandbox) -> None:
             sbx.files.read(outside)
     with pytest.raises(InvalidArgumentException):
         sbx.files.list("")
+    with pytest.raises(SandboxException):
+        sbx.files.write("/etc/planted", "x")
+    # A symlink made by a command inside the sandbox does not lead the file API out of it.
+    sbx.commands.run("ln -s /etc /workspace/etc-link")
+    for through in ("/home/user/etc-link/passwd", "etc-link/hostname"):
+        with pytest.raises(SandboxException):
+            sbx.files.read(through)
+    with pytest.raises(SandboxException):
+        sbx.files.write("/home/user/etc-link/planted", "x")
 
 
 def test_several_files_at_once(sbx: Sandbox) -> None:
@@ -86,6 +95,12 @@ def test_async_sandbox() -> None:
             await sandbox.files.write("hello.py", "print('from async')")
             result = await sandbox.commands.run("python3 hello.py")
             assert result.stdout == "from async\n"
+            seen: list[str] = []
+            handle = await sandbox.commands.run(
+                "python3 hello.py", background=True, on_stdout=seen.append
+            )
+            assert (await handle.wait()).exit_code == 0
+            assert "".join(seen) == "from async\n"
         finally:
             await sandbox.kill()
 
