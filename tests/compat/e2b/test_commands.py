@@ -6,6 +6,7 @@ import time
 
 import pytest
 from e2b import Sandbox
+from e2b.exceptions import SandboxException
 from e2b.sandbox.commands.command_handle import PtySize
 
 pytestmark = pytest.mark.slow
@@ -67,3 +68,14 @@ def test_pty(sbx: Sandbox) -> None:
     sbx.pty.send_stdin(terminal.pid, b"stty size; exit\n")
     terminal.wait(on_pty=data.extend)
     assert b"30 100" in bytes(data)
+
+
+def test_a_kill_ends_a_waiting_command() -> None:
+    """The sandbox goes while a command is followed: the wait ends with E2B's error."""
+    doomed = Sandbox.create()
+    handle = doomed.commands.run("sleep 60", background=True)
+    started = time.monotonic()
+    doomed.kill()
+    with pytest.raises(SandboxException):
+        handle.wait()
+    assert time.monotonic() - started < 30

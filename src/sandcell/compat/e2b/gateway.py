@@ -98,6 +98,13 @@ async def read_json(response: Response) -> Any:
     return json.loads(data) if data else None
 
 
+def _line(data: bytes) -> dict[str, Any]:
+    try:
+        return json.loads(data)
+    except ValueError as exc:  # a stream cut mid-line (the relay truncates on upstream errors)
+        raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox's stream was cut") from exc
+
+
 async def ndjson(response: Response) -> AsyncIterator[dict[str, Any]]:
     buffer = b""
     async for chunk in body_chunks(response):
@@ -105,9 +112,9 @@ async def ndjson(response: Response) -> AsyncIterator[dict[str, Any]]:
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             if line.strip():
-                yield json.loads(line)
+                yield _line(line)
     if buffer.strip():
-        yield json.loads(buffer)
+        yield _line(buffer)
 
 
 class Gateway:
@@ -169,7 +176,11 @@ class Gateway:
         )
         response = await self.router.proxy.forward(req, record, rest)
         if response.status_code >= 400:
-            raise _daemon_error(response.status_code, await read_json(response))
+            try:
+                body = await read_json(response)
+            except ValueError:
+                body = None
+            raise _daemon_error(response.status_code, body)
         return response
 
 

@@ -53,9 +53,16 @@ def _translate(line: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def _execute_lines(response: Response) -> AsyncIterator[bytes]:
-    async for line in ndjson(response):
-        if (translated := _translate(line)) is not None:
-            yield _line(translated)
+    """The run's lines in E2B's names; a run cut short ends with an error line (the status
+    went out with the first line)."""
+    try:
+        async for line in ndjson(response):
+            if (translated := _translate(line)) is not None:
+                yield _line(translated)
+    except SandcellError as exc:
+        yield _line(
+            {"type": "error", "name": "SandboxError", "value": exc.message, "traceback": ""}
+        )
 
 
 async def execute(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:

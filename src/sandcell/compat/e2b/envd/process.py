@@ -85,6 +85,8 @@ async def _events(gateway: Gateway, record: SandboxRecord, pid: int) -> AsyncIte
             yield {"event": {"data": {kind: line["data_b64"]}}}
         elif kind == "exit":
             yield _end(line)
+            return
+    raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"process {pid}'s output ended early")
 
 
 async def start(
