@@ -43,6 +43,14 @@ def test_bad_unary_calls(e2b_server: RunningServer, sbx: Sandbox, path: str, bod
     assert isinstance(answer.json()["code"], str) and answer.json()["message"]
 
 
+def test_files_route_methods(e2b_server: RunningServer, sbx: Sandbox) -> None:
+    with _envd(e2b_server, sbx) as client:
+        answer = client.delete("/files", params={"path": "/home/user/x"})
+        assert answer.status_code == 405
+        assert answer.json()["code"] == 405
+        assert client.get("/files").status_code in (400, 404)  # the workspace itself: a dir
+
+
 @pytest.mark.parametrize(
     "message",
     [

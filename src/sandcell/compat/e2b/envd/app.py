@@ -87,7 +87,9 @@ async def _serve(gateway: Gateway, request: Request, path: str) -> Response:
     if path == "/files":
         if request.method == "GET":
             return await files.download(gateway, record, request)
-        return await files.upload(gateway, record, request)
+        if request.method in ("POST", "PUT"):
+            return await files.upload(gateway, record, request)
+        raise SandcellError(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} /files is not served")
     return await _rpc(gateway, record, request, path)
 
 
