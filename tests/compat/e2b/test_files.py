@@ -85,6 +85,7 @@ def test_timeout_and_info(sbx: Sandbox) -> None:
     sbx.set_timeout(200)
     info = sbx.get_info()
     assert info.sandbox_id == sbx.sandbox_id
+    assert (info.cpu_count, info.memory_mb) == (1, 256)  # the template's limits
     assert sbx.is_running()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -16,6 +17,7 @@ from sandcell.compat.e2b import tokens
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway, read_json
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.manager.templates import Template
 from sandcell.router import app as router_app
 from sandcell.router.usage import sandbox_metrics
 
@@ -33,8 +35,9 @@ def _template(name: Any) -> str:
     return TEMPLATES.get(name, name)
 
 
-def _detail(sandbox: dict[str, Any]) -> dict[str, Any]:
-    """E2B's SandboxDetail (and ListedSandbox) for a sandcell sandbox."""
+def _detail(sandbox: dict[str, Any], template: Template) -> dict[str, Any]:
+    """E2B's SandboxDetail (and ListedSandbox) for a sandcell sandbox. E2B knows two states;
+    a sandbox being created, deleted or failed is not `running`."""
     return {
         "templateID": sandbox["template"],
         "sandboxID": sandbox["id"],
@@ -42,9 +45,9 @@ def _detail(sandbox: dict[str, Any]) -> dict[str, Any]:
         "startedAt": sandbox["created_at"],
         "endAt": sandbox["expires_at"],
         "envdVersion": ENVD_VERSION,
-        "cpuCount": 1,
-        "memoryMB": 512,
-        "diskSizeMB": 1024,
+        "cpuCount": max(1, math.ceil(template.cpus)),
+        "memoryMB": template.memory_mb,
+        "diskSizeMB": template.disk_mb,
         "metadata": {k: str(v) for k, v in (sandbox.get("metadata") or {}).items()},
         "state": "running" if sandbox["state"] == "running" else "paused",
     }
@@ -139,13 +142,17 @@ class Control:
         )
         return await read_json(response)
 
+    def _view(self, sandbox: dict[str, Any]) -> dict[str, Any]:
+        templates = self.gateway.router.manager.templates
+        return _detail(sandbox, templates.get(sandbox["template"], Template()))
+
     async def describe(self, request: Request, sandbox_id: str) -> Response:
-        return JSONResponse(_detail(await self.get(request, sandbox_id)))
+        return JSONResponse(self._view(await self.get(request, sandbox_id)))
 
     async def list(self, request: Request) -> Response:
         response = await self._call(request, router_app.list_sandboxes, "GET", "/v1/sandboxes")
         listed = await read_json(response)
-        rows = [_detail(s) for s in listed["sandboxes"]]
+        rows = [self._view(s) for s in listed["sandboxes"]]
         return JSONResponse([r for r in rows if _matches(r, request)])
 
     async def kill(self, request: Request, sandbox_id: str) -> Response:
