@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import zlib
+
 import httpx
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
+from sandcell.compat.e2b.files import MAX_UPLOAD
 from support.server import RunningServer
 
 pytestmark = pytest.mark.slow
@@ -41,6 +44,26 @@ def test_bad_unary_calls(e2b_server: RunningServer, sbx: Sandbox, path: str, bod
         answer = client.post(path, content=body, headers={"content-type": "application/json"})
     assert 400 <= answer.status_code < 500 or answer.status_code == 501, answer.text
     assert isinstance(answer.json()["code"], str) and answer.json()["message"]
+
+
+def _gzip_of_zeros(size: int) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = bytes(1 << 20)
+    return b"".join(packer.compress(chunk) for _ in range(size >> 20)) + packer.flush()
+
+
+def test_gzip_uploads_are_bounded(e2b_server: RunningServer, sbx: Sandbox) -> None:
+    """A gzip bomb is refused at the upload limit, never inflated whole; junk is a 400."""
+    bomb = _gzip_of_zeros(MAX_UPLOAD + (1 << 20))
+    headers = {"content-type": "application/octet-stream", "content-encoding": "gzip"}
+    with _envd(e2b_server, sbx) as client:
+        params = {"path": "/home/user/bomb"}
+        assert (
+            client.post("/files", content=bomb, params=params, headers=headers).status_code == 413
+        )
+        junk = client.post("/files", content=b"not gzip", params=params, headers=headers)
+        assert junk.status_code == 400
+    assert not sbx.files.exists("/home/user/bomb")
 
 
 def test_files_route_methods(e2b_server: RunningServer, sbx: Sandbox) -> None:

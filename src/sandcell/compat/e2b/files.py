@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from email.message import Message
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -12,10 +13,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.compat.e2b.gateway import Gateway, body_chunks, read_json
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import read_body
+from sandcell.http.bodies import read_body, too_large
 from sandcell.store import SandboxRecord
 
-MAX_UPLOAD = 512 * 1_048_576  # the template's disk quota is the real bound, in the daemon
+# Raw uploads stream through to the daemon, bounded by the template's disk quota there. Forms
+# and gzip bodies are read (and inflated) here first, so they have a bound of their own.
+MAX_UPLOAD = 32 * 1_048_576
 
 
 async def download(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
@@ -34,20 +37,42 @@ def _parts(content_type: str, body: bytes) -> list[tuple[str | None, bytes]]:
     return [(p.get_filename(), p.get_payload(decode=True) or b"") for p in parts]
 
 
+def _decoded(body: bytes, encoding: str) -> bytes:
+    """The upload as written: `gzip=True` uploads arrive gzip-encoded. Inflated with a bound,
+    so a small bomb cannot grow past the upload limit in memory."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"unsupported Content-Encoding {encoding!r}")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, MAX_UPLOAD + 1)
+    except zlib.error as exc:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the gzip body cannot be read") from exc
+    if len(data) > MAX_UPLOAD or inflater.unconsumed_tail:
+        raise too_large(MAX_UPLOAD)
+    return data
+
+
+async def _put(
+    gateway: Gateway, record: SandboxRecord, path: str | None, data: bytes | Request
+) -> dict[str, str]:
+    if not path:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
+    query = {"path": to_workspace(path)}
+    entry = await read_json(await gateway.daemon(record, "PUT", "files", body=data, query=query))
+    return {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
+
+
 async def upload(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
-    body = await read_body(request, MAX_UPLOAD)
     content_type = request.headers.get("content-type", "application/octet-stream")
+    encoding = request.headers.get("content-encoding", "").strip().lower()
     query_path = request.query_params.get("path")
+    if not content_type.startswith("multipart/") and encoding in ("", "identity"):
+        return JSONResponse([await _put(gateway, record, query_path, request)])
+    body = _decoded(await read_body(request, MAX_UPLOAD), encoding)
     if content_type.startswith("multipart/"):
         files = [(query_path or name, data) for name, data in _parts(content_type, body)]
     else:
         files = [(query_path, body)]
-    written = []
-    for path, data in files:
-        if not path:
-            raise SandcellError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
-        relative = to_workspace(path)
-        response = await gateway.daemon(record, "PUT", "files", body=data, query={"path": relative})
-        entry = await read_json(response)
-        written.append({"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])})
-    return JSONResponse(written)
+    return JSONResponse([await _put(gateway, record, path, data) for path, data in files])

@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive
 
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
@@ -54,26 +54,38 @@ def request(
     method: str,
     path: str,
     *,
-    body: bytes = b"",
+    body: bytes | Request = b"",
     query: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
     path_params: dict[str, str] | None = None,
     client: str = "127.0.0.1",
 ) -> Request:
-    """A Request as the router's handlers expect one, with `body` as its whole body and
-    `client` as its peer (the router's failed-key brake counts by address)."""
+    """A Request as the router's handlers expect one, with `body` as its whole body, or read
+    on from `body`'s own stream when it is the caller's request (an upload, not buffered);
+    `client` is its peer (the router's failed-key brake counts by address)."""
+    all_headers = dict(headers or {})
+    if isinstance(body, Request):
+        receive = body.receive
+        if (length := body.headers.get("content-length")) is not None:
+            all_headers["content-length"] = length
+    else:
+        receive = _whole(body)
+        all_headers["content-length"] = str(len(body))
+    scope = _scope(app, method, path, query, all_headers, path_params or {}, client)
+    return Request(scope, receive)
+
+
+def _whole(body: bytes) -> Receive:
     sent = False
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         nonlocal sent
         if sent:
             return {"type": "http.disconnect"}
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    all_headers = {"content-length": str(len(body)), **(headers or {})}
-    scope = _scope(app, method, path, query, all_headers, path_params or {}, client)
-    return Request(scope, receive)
+    return receive
 
 
 async def body_chunks(response: Response) -> AsyncIterator[bytes]:
@@ -156,11 +168,12 @@ class Gateway:
         method: str,
         rest: str,
         *,
-        body: bytes = b"",
+        body: bytes | Request = b"",
         query: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Response:
-        """`method /v1/<rest>` on the sandbox's daemon, signed by the router's proxy."""
+        """`method /v1/<rest>` on the sandbox's daemon, signed by the router's proxy; `body`
+        may be the caller's request, whose body then streams through (see `request`)."""
         if record.state != "running":
             raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
         await self.router.store.touch(record.id, time.time())
