@@ -11,7 +11,7 @@ from sdk.helpers import stop_and_clean
 from support.server import RunningServer, start_server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     server = start_server(tmp_path_factory.mktemp("e2b") / "data", warm_pool=1)
     try:
@@ -20,7 +20,7 @@ def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServ
         stop_and_clean(server)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2b_env(e2b_server: RunningServer) -> dict[str, str]:
     """The three variables of docs/e2b.md."""
     url = f"{e2b_server.url}/e2b"
@@ -31,9 +31,9 @@ def e2b_env(e2b_server: RunningServer) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _e2b_environment(e2b_env: dict[str, str]) -> Iterator[None]:
-    """Set for the whole session, as a user would export them, so module fixtures see them."""
+    """Set for these tests only, as a user would export them, so module fixtures see them."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in e2b_env.items():
             patch.setenv(name, value)
