@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import code, egress, figures, processes
+from bench import code, e2bsdk, egress, figures, processes
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -30,6 +30,7 @@ def run(quick: bool) -> list[figures.Row]:
             rows += processes.keystroke_round_trips(warm, n)
             rows += figures.many_sandboxes(warm, many)
             rows += code.code_interpreter(warm, n, starts)
+            rows += e2bsdk.commands_run(warm, n)
         finally:
             warm.close()
         cold = figures.Server(Path(tmp), warm_pool=0)

@@ -15,6 +15,7 @@ import uvicorn
 
 from sandcell import tokens
 from sandcell.banner import print_banner, store_label
+from sandcell.compat import e2b
 from sandcell.http.guard import guarded_protocol
 from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted, quiet_repeats
@@ -174,6 +175,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
         app = create_app(router)
+        e2b.mount(app)  # E2B's wire protocol under /e2b (SPEC §14)
         if settings.preview_domain:
             app = PreviewHosts(app, settings.preview_domain)
         config = uvicorn.Config(
