@@ -80,8 +80,8 @@ class PreInitialisedBackend(LocalBackend):
         super().__init__(cells_dir, cgroup_parent)
         self.bootstrap_key = bootstrap_key
 
-    async def create(self, policy, sandbox_id, bootstrap_pem):
-        handle = await super().create(policy, sandbox_id, bootstrap_pem)
+    async def create(self, policy, sandbox_id, bootstrap_pem, workspace=None):
+        handle = await super().create(policy, sandbox_id, bootstrap_pem, workspace)
         foreign = tokens.mint_bootstrap_token(
             self.bootstrap_key, sandbox_id, tokens.public_pem(tokens.generate_p256())
         )

@@ -58,6 +58,18 @@ def create_quota_workspace(image: Path, mountpoint: Path, size_mb: int, uid: int
         (mountpoint / "lost+found").rmdir()
 
 
+def adopt_workspace(source: Path, mountpoint: Path, uid: int) -> None:
+    """A kept workspace (an image, or a directory at `mountpoint` already) for a new cell
+    whose host uid is `uid`: mounted, and its files handed to that uid (they belonged to the
+    cell that made them; the tenant makes no file as anyone else)."""
+    if source != mountpoint:
+        mountpoint.mkdir(mode=0o700, exist_ok=True)
+        run_checked(["mount", "-o", MOUNT_OPTIONS, str(source), str(mountpoint)])
+    if mountpoint.stat().st_uid != uid:
+        # -R without -L never follows a symlink: the tenant's links are chowned themselves.
+        run_checked(["chown", "-R", "-P", f"{uid}:{uid}", str(mountpoint)])
+
+
 def create_plain_workspace(mountpoint: Path, uid: int) -> None:
     mountpoint.mkdir(mode=0o700, exist_ok=True)
     os.chown(mountpoint, uid, uid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,22 +33,32 @@ class Backend(Protocol):
     name: str
 
     async def create(
-        self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes
-    ) -> CellHandle: ...
+        self,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_pem: bytes,
+        workspace: str | None = None,
+    ) -> CellHandle:
+        """A started cell; on `workspace` (a `workspace_home`) instead of a new one if given."""
+        ...
 
     async def destroy(self, cell: dict[str, Any]) -> None: ...
+
+    def workspace_home(self, sandbox_id: str) -> str:
+        """Where a paused sandbox's workspace is kept (SPEC §13); 501 where none can be."""
+        ...
+
+    async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
+        """Destroying the cell from now on moves its workspace to `home`, not deleting it."""
+        ...
+
+    async def discard_workspace(self, home: str) -> None:
+        """Deletes a kept workspace (the sandbox is deleted); no-op if there is none."""
+        ...
 
     async def list(self) -> list[CellHandle]: ...
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
-
-    async def _forget_destroyed(self) -> None:
-        """Closes the listeners of cells that another replica on this host destroyed (their
-        sockets would keep the dead cell's network namespace alive)."""
-        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
-        for cell_id in gone:
-            if self.egress is not None:
-                await self.egress.detach(self._sandbox_of.pop(cell_id))
 
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         """A live cell found after a restart is kept: reattach what this process serves it."""
@@ -97,11 +108,18 @@ class LocalBackend:
             )
         return self._neighbours[cells_dir]
 
-    async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+    async def create(
+        self,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_pem: bytes,
+        workspace: str | None = None,
+    ) -> CellHandle:
         await self._forget_destroyed()
         cell_id = new_cell_id()
+        kept = Path(workspace) if workspace else None
         info = await asyncio.to_thread(
-            self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem
+            self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem, kept
         )
         try:
             await self._attach_egress(sandbox_id, info)
@@ -147,6 +165,17 @@ class LocalBackend:
             await self.egress.detach(sandbox_id)
         await asyncio.to_thread(self._cells_of(cell).destroy, str(cell["cell_id"]))
 
+    def workspace_home(self, sandbox_id: str) -> str:
+        # Beside the cells dir, not in it: a kept workspace is no cell's.
+        return str(self.cells.cells_dir.parent / "workspaces" / sandbox_id)
+
+    async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
+        cells = self._cells_of(cell)
+        await asyncio.to_thread(cells.keep_workspace, str(cell["cell_id"]), Path(home))
+
+    async def discard_workspace(self, home: str) -> None:
+        await asyncio.to_thread(_remove, Path(home))
+
     async def list(self) -> list[CellHandle]:
         infos = await asyncio.to_thread(self.cells.list)
         leftovers = await asyncio.to_thread(self.cells.leftovers)
@@ -165,3 +194,10 @@ class LocalBackend:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"cell {cell_id} is gone")
         cgroup = cells.cgroups.open(info.cgroup) if cells.cgroups and info.cgroup else None
         return await asyncio.to_thread(usage.measure, cgroup, info.workspace)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize
+from sandcell.manager.persistence import Persistence
 from sandcell.manager.pool import WarmCell, WarmPool
 from sandcell.manager.templates import Template
 from sandcell.network.environment import proxy_env
@@ -66,13 +67,14 @@ class Manager:
         self.init_timeout_s = init_timeout_s
         self.reap_interval_s = reap_interval_s
         self.pools = {
-            name: WarmPool(name, t.warm_pool, lambda t=t: self._prepare(t), backend)
+            name: WarmPool(name, t.warm_pool, lambda t=t: self.prepare(t), backend)
             for name, t in templates.items()
         }
         self.init_failures = 0
         self._reaper: asyncio.Task[None] | None = None
         self._deleting: dict[str, asyncio.Lock] = {}
         self._unhealthy: dict[str, int] = {}
+        self.persistence = Persistence(self)
 
     # -- service lifecycle ----------------------------------------------------------------
 
@@ -137,6 +139,8 @@ class Manager:
         metadata: dict[str, str] | None = None,
         network: Any = None,
         reservation: Reservation | None = None,
+        auto_resume: bool = True,
+        on_timeout: str = "delete",
     ) -> SandboxRecord:
         """A running sandbox; the record takes `reservation`'s slot, which is given back if
         the create fails. On failure nothing of the sandbox is left."""
@@ -152,18 +156,19 @@ class Manager:
             pooled = not env and proxy_env(policy) == proxy_env(template.egress_policy())
             warm = await self.pools[template_name].claim() if pooled else None
             if warm is None:
-                warm = await self._prepare(template, init_env)
+                warm = await self.prepare(template, init_env)
         except BaseException:
             await _each_step(lambda: self._release(reservation))
             raise
         now = time.time()
+        lifetime_s = max_lifetime_s or template.max_lifetime_s
         record = SandboxRecord(
             id=warm.sandbox_id,
             owner=owner,
             template=template_name,
             state="running",
             created_at=now,
-            expires_at=now + (max_lifetime_s or template.max_lifetime_s),
+            expires_at=now + lifetime_s,
             idle_timeout_s=idle_timeout_s or template.idle_timeout_s,
             last_activity_at=now,
             metadata=metadata or {},
@@ -172,6 +177,9 @@ class Manager:
             endpoint=warm.handle.endpoint,
             cell=warm.handle.cell,
             network=policy.public(),
+            auto_resume=auto_resume,
+            on_timeout=on_timeout,
+            lifetime_s=lifetime_s,
         )
         try:
             await self.store.put_sandbox(record, reservation)
@@ -191,14 +199,24 @@ class Manager:
         if reservation is not None:
             await self.store.release_reservation(reservation)
 
-    async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
-        """A started and initialised cell; on any failure nothing of it is left."""
-        sandbox_id = new_sandbox_id()
+    async def prepare(
+        self,
+        template: Template,
+        env: dict[str, str] | None = None,
+        *,
+        sandbox_id: str | None = None,
+        workspace: str | None = None,
+    ) -> WarmCell:
+        """A started and initialised cell, for a new sandbox or (`sandbox_id`, `workspace`) a
+        resumed one; on any failure nothing of the cell is left."""
+        sandbox_id = sandbox_id or new_sandbox_id()
         policy = await self.images.policy_for(template)
         if env is None:  # a pool's cell: the template's default policy
             env = proxy_env(template.egress_policy())
         try:
-            handle: CellHandle = await self.backend.create(policy, sandbox_id, self.bootstrap_pem)
+            handle: CellHandle = await self.backend.create(
+                policy, sandbox_id, self.bootstrap_pem, workspace
+            )
         except IsolationUnavailable as exc:
             raise SandcellError(
                 ErrorCode.ISOLATION_UNAVAILABLE, str(exc), {"layer": exc.layer}
@@ -238,11 +256,20 @@ class Manager:
                 if record is None:
                     return False
                 await self.store.update_state(sandbox_id, "deleting")
-                await self.backend.destroy(record.cell)
-                return await self.store.delete_sandbox(sandbox_id)
+                await self._forget(record, record.cell)
+                return True
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
+
+    async def _forget(self, record: SandboxRecord, cell: dict[str, Any] | None) -> None:
+        """Everything of a sandbox goes: its cell if any, its kept workspace, its record
+        (last: until then a restart finds it and finishes the job)."""
+        if cell is not None:
+            await self.backend.destroy(cell)
+        if record.workspace:
+            await self.backend.discard_workspace(record.workspace)
+        await self.store.delete_sandbox(record.id)
 
     async def remove_image(self, name: str) -> bool:
         """Deletes a template's built image when no sandbox of the template lives; its warm
@@ -264,13 +291,28 @@ class Manager:
     # -- expiry and reconciliation --------------------------------------------------------
 
     async def reap_once(self, now: float | None = None) -> list[str]:
-        """Deletes sandboxes past their idle or lifetime deadline, and those whose daemon
-        died."""
+        """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
+        created with on_timeout "pause"; paused ones past their paused TTL and those whose
+        daemon died are deleted."""
         due = await self.store.due_for_reaping(now or time.time(), limit=500)
-        due += await self._dead_daemons(set(due))
+        dead = await self._dead_daemons(set(due))
         for sandbox_id in due:
+            await self._expire(sandbox_id)
+        for sandbox_id in dead:
             await self.delete_sandbox(sandbox_id)
-        return due
+        return due + dead
+
+    async def _expire(self, sandbox_id: str) -> None:
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or record.state in ("pausing", "resuming"):
+            return  # gone, or moving: whoever moves it owns it now
+        if record.state == "running" and record.on_timeout == "pause":
+            try:
+                await self.persistence.pause(sandbox_id)
+                return
+            except SandcellError as exc:  # no workspace can be kept here (501): deleted
+                log.warning("sandbox %s could not be paused: %s", sandbox_id, exc.message)
+        await self.delete_sandbox(sandbox_id)
 
     async def _dead_daemons(self, skip: set[str]) -> list[str]:
         """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
@@ -310,21 +352,26 @@ class Manager:
     async def reconcile(self) -> dict[str, list[str]]:
         """After a restart: adopt live cells that the store knows, clean up the rest."""
         cells = {_key(h.cell): h for h in await self.backend.list()}
-        adopted, dropped = [], []
+        adopted, dropped, moving = [], [], []
         for record in await self.store.list_sandboxes():
             if not self.backend.owns(record.cell):
                 continue  # another replica's cell: that replica reconciles it
             handle = cells.pop(_key(record.cell), None)
+            if record.state in ("paused", "pausing", "resuming"):
+                moving += [record] if record.state != "paused" else []
+                continue
             if handle is not None and await self.backend.healthy(handle.endpoint):
                 await self.backend.adopt(record.id, handle)
                 adopted.append(record.id)
                 continue
-            if handle is not None:
-                await self.backend.destroy(handle.cell)
-            await self.store.delete_sandbox(record.id)
+            await self._forget(record, None if handle is None else handle.cell)
             dropped.append(record.id)
-        for handle in cells.values():  # pool cells and cells whose record never landed
+        # Pool cells, cells whose record never landed, and a resume's new cell: a destroyed
+        # cell that kept a workspace sends it home first.
+        for handle in cells.values():
             await self.backend.destroy(handle.cell)
+        for record in moving:
+            await self.persistence.settle(record)
         return {
             "adopted": adopted,
             "dropped": dropped,

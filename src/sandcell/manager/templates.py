@@ -46,6 +46,7 @@ class Template(BaseModel):
     network_internal: bool = False
     idle_timeout_s: int = Field(300, ge=1, le=604_800)
     max_lifetime_s: int = Field(3600, ge=1, le=2_592_000)
+    paused_ttl_s: int = Field(604_800, ge=1, le=31_536_000)  # a paused sandbox, then deleted
     warm_pool: int = Field(2, ge=0, le=1000)
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: tuple[str, ...] = ()

@@ -23,7 +23,7 @@ from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import network, schemas, templates, websocket
+from sandcell.router import network, persistence, schemas, templates, websocket
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.budget import ByteBudget
 from sandcell.router.fairshare import FairShare
@@ -123,6 +123,8 @@ async def create_sandbox(request: Request) -> Response:
         metadata=req.metadata,
         network=req.network.policy() if req.network else None,
         reservation=reservation,
+        auto_resume=req.auto_resume,
+        on_timeout=req.on_timeout,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 
@@ -167,7 +169,7 @@ async def proxy(request: Request) -> Response:
     r = _router(request)
     _, record = await r.owned(request)
     if record.state != "running":
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+        record = await persistence.wake(r, record)
     await r.store.touch(record.id, time.time())
     return await r.proxy.forward(request, record, request.path_params["rest"])
 
@@ -239,6 +241,7 @@ OPERATIONS = (
         errors=(404, 409, 501),
     ),
     *network.OPERATIONS,
+    *persistence.OPERATIONS,
     *(
         Operation(
             m,

@@ -45,6 +45,8 @@ class CreateSandbox(_Strict):
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=MAX_METADATA_ITEMS)
     network: Network | None = None  # default: the template's policy
+    auto_resume: bool = True  # a proxied request to the paused sandbox resumes it (SPEC §13)
+    on_timeout: Literal["delete", "pause"] = "delete"
 
 
 class Keepalive(_Strict):
@@ -54,13 +56,16 @@ class Keepalive(_Strict):
 class Sandbox(BaseModel):
     id: str
     template: str
-    state: Literal["creating", "running", "deleting", "failed"]
+    state: Literal["creating", "running", "deleting", "failed", "pausing", "paused", "resuming"]
     created_at: str
     expires_at: str
     idle_timeout_s: int
     last_activity_at: str
     metadata: dict[str, str]
     network: dict[str, Any]
+    auto_resume: bool
+    on_timeout: str
+    paused_at: str | None
 
 
 class SandboxList(BaseModel):
@@ -85,7 +90,10 @@ def sandbox_view(record: SandboxRecord) -> dict:
         "created_at": rfc3339(record.created_at),
         "expires_at": rfc3339(record.expires_at),
         "idle_timeout_s": record.idle_timeout_s,
-        "last_activity_at": rfc3339(record.last_activity_at),
+        "last_activity_at": rfc3339(record.paused_at or record.last_activity_at),
         "metadata": record.metadata,
         "network": record.network,
+        "auto_resume": record.auto_resume,
+        "on_timeout": record.on_timeout,
+        "paused_at": rfc3339(record.paused_at) if record.paused_at else None,
     }

@@ -6,7 +6,7 @@ import json
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -128,6 +128,12 @@ class Store(ABC):
     @abstractmethod
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         """Delete the record and its session key in one atomic step; False if already gone."""
+
+    @abstractmethod
+    async def transition(self, rec: SandboxRecord, expected: Sequence[str]) -> bool:
+        """Replace the record's fields (its session key is kept) only if its stored state is
+        one of `expected`, in one atomic step: of several callers (replicas) moving a sandbox
+        out of the same state, exactly one wins (SPEC §13 pause, resume)."""
 
     @abstractmethod
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:

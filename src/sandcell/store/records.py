@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, Self, get_args, get_origin, get_type_hints
 
-State = Literal["creating", "running", "deleting", "failed"]
+State = Literal["creating", "running", "deleting", "failed", "pausing", "paused", "resuming"]
 STATES: frozenset[str] = frozenset(get_args(State))
+# A sandbox in one of these holds no cell: it counts against no live limit (SPEC §13).
+PARKED_STATES: tuple[str, ...] = ("paused",)
 
 Flat = dict[str, str | int | float]
 
@@ -67,8 +69,10 @@ class _Record:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """Build from `to_dict` or `to_flat` output, or a raw row/hash (extra keys are ignored)."""
-        return cls(**{name: decode(data[name]) for name, decode in _decoders(cls).items()})
+        """Build from `to_dict` or `to_flat` output, or a raw row/hash (extra keys are ignored).
+        A field absent from a hash written by an older version (None) takes its default."""
+        values = {name: data[name] for name in _decoders(cls)}
+        return cls(**{n: _decoders(cls)[n](v) for n, v in values.items() if v is not None})
 
     def to_flat(self) -> Flat:
         flat: Flat = {}
@@ -98,6 +102,14 @@ class SandboxRecord(_Record):
     endpoint: dict[str, str | int] = field(default_factory=dict)
     cell: dict[str, str | int] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)  # the egress policy (SPEC §11)
+    # Persistence (SPEC §13). While paused, `expires_at` is when the paused TTL ends and
+    # `last_activity_at` equals it (so the idle term never comes first); `paused_at` is when
+    # the pause happened, 0 while running. `lifetime_s` restarts the lifetime on resume.
+    auto_resume: bool = True
+    on_timeout: str = "delete"
+    lifetime_s: int = 0
+    paused_at: float = 0.0
+    workspace: str = ""  # the backend's place for the workspace while no cell holds it
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

@@ -42,7 +42,7 @@ from redis.asyncio import Redis
 
 from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
-from .records import ApiKeyRecord, SandboxRecord, deadline_of
+from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, deadline_of
 
 STALE_GRACE_S = 60.0
 
@@ -65,6 +65,20 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 return 1
+"""
+
+# ARGV: the number n of expected states, those n states, then field/value pairs.
+_HSET_IF_STATE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+local n = tonumber(ARGV[1])
+for i = 2, n + 1 do
+  if ARGV[i] == state then
+    redis.call('HSET', KEYS[1], unpack(ARGV, n + 2))
+    return 1
+  end
+end
+return 0
 """
 
 _RESERVE = """
@@ -235,6 +249,23 @@ class RedisStore(Store):
                 p.zrem(_quota_key(owner.decode()), sandbox_id)
                 await p.execute()
         return deleted == 1
+
+    async def transition(self, rec: SandboxRecord, expected: Sequence[str]) -> bool:
+        pairs = itertools.chain.from_iterable(rec.to_flat().items())
+        args = (len(expected), *expected, *pairs)
+        if not await self._r.eval(_HSET_IF_STATE, 1, _sandbox_key(rec.id), *args):
+            return False
+        # The indexes follow the winner; a crash before this leaves a deadline that
+        # due_for_reaping checks against the hash, and a quota entry that ends by itself.
+        async with self._r.pipeline(transaction=False) as p:
+            p.zadd(EXPIRY_INDEX, {rec.id: rec.expires_at})
+            p.zadd(IDLE_INDEX, {rec.id: rec.last_activity_at + rec.idle_timeout_s})
+            if rec.state in PARKED_STATES:
+                p.zrem(_quota_key(rec.owner), rec.id)
+            else:
+                p.zadd(_quota_key(rec.owner), {rec.id: rec.expires_at})
+            await p.execute()
+        return True
 
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         return bool(await _hset_if_exists(self._r, _sandbox_key(sandbox_id), fields))

@@ -20,11 +20,19 @@ from typing import Any
 
 from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
-from .records import ApiKeyRecord, SandboxRecord
+from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord
 
-SCHEMA_VERSION = 2  # kept in PRAGMA user_version; 2 added `reservations` and `network`
-# Version 1 files gain the new column here; new tables come from _SCHEMA (IF NOT EXISTS).
-_FROM_V1 = "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'"
+# Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns.
+SCHEMA_VERSION = 3
+# Older files gain the new columns here; new tables come from _SCHEMA (IF NOT EXISTS).
+_ADDED_COLUMNS = {
+    "network": "TEXT NOT NULL DEFAULT '{}'",
+    "auto_resume": "INTEGER NOT NULL DEFAULT 1",
+    "on_timeout": "TEXT NOT NULL DEFAULT 'delete'",
+    "lifetime_s": "INTEGER NOT NULL DEFAULT 0",
+    "paused_at": "REAL NOT NULL DEFAULT 0",
+    "workspace": "TEXT NOT NULL DEFAULT ''",
+}
 BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
@@ -43,6 +51,11 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     endpoint         TEXT NOT NULL,  -- JSON
     cell             TEXT NOT NULL,  -- JSON
     network          TEXT NOT NULL DEFAULT '{}',  -- JSON, since version 2
+    auto_resume      INTEGER NOT NULL DEFAULT 1,  -- these five since version 3
+    on_timeout       TEXT NOT NULL DEFAULT 'delete',
+    lifetime_s       INTEGER NOT NULL DEFAULT 0,
+    paused_at        REAL NOT NULL DEFAULT 0,
+    workspace        TEXT NOT NULL DEFAULT '',
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
@@ -79,6 +92,8 @@ _UPSERT_SANDBOX = (
     "ON CONFLICT (id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in SandboxRecord.fields()[1:])
 )
+_PARKED = ", ".join("?" * len(PARKED_STATES))
+_SET_ALL = ", ".join(f"{c} = :{c}" for c in SandboxRecord.fields()[1:])
 _INSERT_KEY = (
     f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
     f"VALUES ({', '.join(':' + c for c in ApiKeyRecord.fields())})"
@@ -103,8 +118,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
-            if columns and "network" not in columns:
-                conn.execute(_FROM_V1)
+            for name, decl in _ADDED_COLUMNS.items():
+                if columns and name not in columns:
+                    conn.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {decl}")
             for statement in _SCHEMA.split(";\n"):  # IF NOT EXISTS: new tables and indexes
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -169,9 +185,10 @@ class SQLiteStore(Store):
             conn.execute("DELETE FROM reservations WHERE until <= ?", (now,))
             # Like Redis's quota set: a sandbox past its lifetime is the reaper's, not a slot.
             held = conn.execute(
-                "SELECT (SELECT COUNT(*) FROM sandboxes WHERE owner = ? AND expires_at > ?)"
+                "SELECT (SELECT COUNT(*) FROM sandboxes WHERE owner = ? AND expires_at > ?"  # noqa: S608
+                f" AND state NOT IN ({_PARKED}))"
                 " + (SELECT COUNT(*) FROM reservations WHERE owner = ?)",
-                (owner, now, owner),
+                (owner, now, *PARKED_STATES, owner),
             ).fetchone()[0]
             if held >= limit:
                 return None
@@ -214,6 +231,12 @@ class SQLiteStore(Store):
 
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         return self._write("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,)) == 1
+
+    async def transition(self, rec: SandboxRecord, expected: Sequence[str]) -> bool:
+        marks = ", ".join(f":s{i}" for i in range(len(expected)))
+        sql = f"UPDATE sandboxes SET {_SET_ALL} WHERE id = :id AND state IN ({marks})"  # noqa: S608
+        params = {**rec.to_flat(), **{f"s{i}": state for i, state in enumerate(expected)}}
+        return self._write(sql, params) == 1
 
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         assignments = ", ".join(f"{name} = ?" for name in fields)  # names are ours, not input

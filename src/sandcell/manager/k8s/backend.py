@@ -128,7 +128,13 @@ class KubernetesBackend:
             },
         )
 
-    async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+    async def create(
+        self,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_pem: bytes,
+        workspace: str | None = None,
+    ) -> CellHandle:
         if policy not in self._shapes:
             raise ValueError("no configured template has this policy")
         template, deadline = self._shapes[policy]
@@ -239,6 +245,20 @@ class KubernetesBackend:
             "use the cluster's metrics (kubectl top pod)",
             {"backend": self.name, "pod": cell.get("pod")},
         )
+
+    def workspace_home(self, sandbox_id: str) -> str:
+        """Pods keep no workspace past their end yet (PersistentVolumeClaims would)."""
+        raise SandcellError(
+            ErrorCode.NOT_IMPLEMENTED,
+            "pause, resume and snapshots are not available on the Kubernetes backend yet",
+            {"backend": self.name, "sandbox_id": sandbox_id},
+        )
+
+    async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
+        self.workspace_home(str(cell.get("pod", "")))
+
+    async def discard_workspace(self, home: str) -> None:
+        """Nothing is ever kept (see `workspace_home`)."""
 
     async def aclose(self) -> None:
         await self.client.aclose()

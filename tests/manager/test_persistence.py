@@ -1,0 +1,151 @@
+"""Pause and resume (SPEC §13) over real cells, on SQLite and on Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from sandcell import tokens
+from sandcell.cellapi.client import DaemonClient
+from sandcell.errors import SandcellError
+from sandcell.manager.manager import Manager
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def _client(manager: Manager, sandbox_id: str) -> DaemonClient:
+    record = await manager.store.get_sandbox(sandbox_id)
+    pem = await manager.store.get_session_key(sandbox_id)
+    assert record is not None and pem is not None
+    return DaemonClient(record.endpoint, sandbox_id, tokens.load_private_key(pem))
+
+
+def _cell_dirs(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "cells").iterdir())
+
+
+async def _started(make_manager, **templates) -> Manager:
+    manager = await make_manager(**templates)
+    await manager.start()
+    return manager
+
+
+async def test_pause_keeps_files_ends_processes_and_resume_restores(make_manager, tmp_path):
+    manager = await _started(make_manager)
+    record = await manager.create_sandbox("alice", env={"GREETING": "hi"}, metadata={"k": "v"})
+    with await _client(manager, record.id) as client:
+        client.exec("echo kept > note.txt && mkdir -p d && ln -s ../note.txt d/link")
+        client.exec("sleep 1000 >/dev/null 2>&1 & echo started")
+    old_key = await manager.store.get_session_key(record.id)
+
+    paused = await manager.persistence.pause(record.id)
+    assert paused.state == "paused" and paused.endpoint == {}
+    assert _cell_dirs(tmp_path) == []  # the cell and every process of it are gone
+    assert Path(paused.workspace).exists()
+    assert await manager.store.reserve_sandbox("alice", 1) is not None  # counts against no limit
+    again = await manager.persistence.pause(record.id)  # idempotent
+    assert again.state == "paused"
+
+    running = await manager.persistence.resume(record.id)
+    assert running.id == record.id and running.state == "running"
+    assert running.metadata == {"k": "v"} and running.cell != record.cell
+    assert await manager.store.get_session_key(record.id) != old_key  # a new two-stage init
+    with await _client(manager, record.id) as client:
+        out = client.exec("cat note.txt d/link; echo $GREETING; pgrep -c sleep || true")
+        assert out["stdout"] == "kept\nkept\nhi\n0\n"
+        assert client.exec("echo more >> note.txt && id -u")["stdout"] == "1000\n"
+    assert not Path(running.workspace).exists()  # in the cell now, not in two places
+    assert await manager.delete_sandbox(record.id) is True
+    assert _cell_dirs(tmp_path) == [] and not Path(running.workspace).exists()
+    await manager.stop()
+
+
+async def test_resume_of_unknown_is_404_and_of_deleted_paused_is_404(make_manager):
+    manager = await _started(make_manager)
+    record = await manager.create_sandbox("alice")
+    await manager.persistence.pause(record.id)
+    assert await manager.delete_sandbox(record.id) is True
+    assert not Path(manager.backend.workspace_home(record.id)).exists()
+    for call in (manager.persistence.resume, manager.persistence.pause):
+        with pytest.raises(SandcellError) as info:
+            await call(record.id)
+        assert info.value.status == 404
+    await manager.stop()
+
+
+async def test_concurrent_resumes_start_one_cell(make_manager, tmp_path):
+    manager = await _started(make_manager)
+    record = await manager.create_sandbox("alice")
+    await manager.persistence.pause(record.id)
+    results = await asyncio.gather(*(manager.persistence.resume(record.id) for _ in range(3)))
+    assert {r.state for r in results} == {"running"}
+    assert len({str(r.cell) for r in results}) == 1
+    assert len(_cell_dirs(tmp_path)) == 1
+    await manager.delete_sandbox(record.id)
+    await manager.stop()
+
+
+async def test_idle_timeout_with_on_timeout_pause_pauses(make_manager, tmp_path):
+    manager = await _started(make_manager, default={"paused_ttl_s": 60})
+    kept = await manager.create_sandbox("alice", on_timeout="pause")
+    gone = await manager.create_sandbox("alice")
+    with await _client(manager, kept.id) as client:
+        client.exec("echo still > here.txt")
+    later = time.time() + 10_000
+    reaped = await manager.reap_once(now=later)
+    assert set(reaped) == {kept.id, gone.id}
+    assert await manager.store.get_sandbox(gone.id) is None
+    paused = await manager.store.get_sandbox(kept.id)
+    assert paused is not None and paused.state == "paused"
+    assert paused.expires_at == pytest.approx(time.time() + 60, abs=5)
+    await manager.persistence.resume(kept.id)
+    with await _client(manager, kept.id) as client:
+        assert client.exec("cat here.txt")["stdout"] == "still\n"
+    # Paused past its paused TTL: deleted, workspace and all.
+    await manager.persistence.pause(kept.id)
+    await manager.reap_once(now=time.time() + 61)
+    assert await manager.store.get_sandbox(kept.id) is None
+    assert not Path(paused.workspace).exists()
+    assert _cell_dirs(tmp_path) == []
+    await manager.stop()
+
+
+async def test_restart_mid_pause_and_mid_resume_ends_paused(make_manager, tmp_path):
+    """A manager that died mid-move (record still `pausing` / `resuming`, the workspace in a
+    cell or at home): the next start settles both as paused, never both nor neither."""
+    manager = await _started(make_manager)
+    mid_pause = await manager.create_sandbox("alice")
+    mid_resume = await manager.create_sandbox("alice")
+    for record in (mid_pause, mid_resume):
+        with await _client(manager, record.id) as client:
+            client.exec(f"echo {record.id} > id.txt")
+    # Died right after the state changed: the cell still runs with the workspace in it.
+    home = manager.backend.workspace_home(mid_pause.id)
+    pausing = dataclasses.replace(mid_pause, state="pausing", workspace=home)
+    assert await manager.store.transition(pausing, ("running",))
+    # Died after the new cell took the workspace, before the record named the cell.
+    await manager.persistence.pause(mid_resume.id)
+    paused = await manager.store.get_sandbox(mid_resume.id)
+    resuming = dataclasses.replace(paused, state="resuming")
+    assert await manager.store.transition(resuming, ("paused",))
+    template = manager.templates["default"]
+    await manager.prepare(template, sandbox_id=mid_resume.id, workspace=paused.workspace)
+    assert not Path(paused.workspace).exists()
+    await manager.stop()
+
+    restarted = await _started(make_manager)
+    for record in (mid_pause, mid_resume):
+        settled = await restarted.store.get_sandbox(record.id)
+        assert settled is not None and settled.state == "paused"
+        assert Path(settled.workspace).exists()
+    assert _cell_dirs(tmp_path) == []
+    for record in (mid_pause, mid_resume):
+        await restarted.persistence.resume(record.id)
+        with await _client(restarted, record.id) as client:
+            assert client.exec("cat id.txt")["stdout"] == f"{record.id}\n"
+        await restarted.delete_sandbox(record.id)
+    await restarted.stop()
