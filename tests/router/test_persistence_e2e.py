@@ -1,0 +1,124 @@
+"""Pause and resume through a real `sandcell serve` and real cells (SPEC §13)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from support.server import SMALL_TEMPLATE, RunningServer, start_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    srv = start_server(tmp_path_factory.mktemp("persist") / "data")
+    yield srv
+    srv.stop()
+    assert not list((srv.data_dir / "cells").iterdir()), "cells left after shutdown"
+
+
+@pytest.fixture(scope="module")
+def alice(server: RunningServer) -> str:
+    return server.create_key("alice")
+
+
+def _create(c: httpx.Client, **body) -> str:
+    r = c.post("/v1/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _exec(c: httpx.Client, sandbox_id: str, command: str) -> httpx.Response:
+    return c.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"command": command})
+
+
+def test_pause_then_a_request_resumes_it(server, alice):
+    with server.client(alice) as c:
+        sid = _create(c)
+        _exec(c, sid, "echo kept > a.txt; sleep 600 >/dev/null 2>&1 &")
+        paused = c.post(f"/v1/sandboxes/{sid}/pause")
+        assert paused.status_code == 200 and paused.json()["state"] == "paused"
+        assert paused.json()["paused_at"] is not None
+        assert c.post(f"/v1/sandboxes/{sid}/pause").json()["state"] == "paused"  # idempotent
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
+        # auto_resume (the default): the next proxied request resumes it first.
+        r = _exec(c, sid, "cat a.txt; pgrep -c sleep || true")
+        assert r.status_code == 200 and r.json()["stdout"] == "kept\n0\n"
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+        gone = c.post(f"/v1/sandboxes/{sid}/resume")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "SANDBOX_NOT_FOUND"
+    assert not list((server.data_dir / "workspaces").iterdir())
+
+
+def test_without_auto_resume_a_request_gets_409_until_resumed(server, alice):
+    with server.client(alice) as c:
+        sid = _create(c, auto_resume=False, metadata={"k": "v"}, env={"X": "1"})
+        _exec(c, sid, "echo kept > a.txt")
+        assert c.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
+        refused = _exec(c, sid, "cat a.txt")
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "SANDBOX_PAUSED"
+        resumed = c.post(f"/v1/sandboxes/{sid}/resume")
+        assert resumed.status_code == 200 and resumed.json()["state"] == "running"
+        assert resumed.json()["metadata"] == {"k": "v"}
+        assert _exec(c, sid, "cat a.txt; echo $X").json()["stdout"] == "kept\n1\n"
+        c.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_another_principal_cannot_pause_or_resume(server, alice):
+    bob = server.create_key("bob-persist")
+    with server.client(alice) as c, server.client(bob) as other:
+        sid = _create(c)
+        for verb in ("pause", "resume"):
+            r = other.post(f"/v1/sandboxes/{sid}/{verb}")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "SANDBOX_NOT_FOUND"
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        c.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume"])
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.2])
+def test_sigkill_mid_move_leaves_one_consistent_sandbox(tmp_path, verb, after_s):
+    """The server killed at some point of a pause or resume: after a restart the sandbox is
+    paused or running (never both, never neither) and its files are all there."""
+    data = tmp_path / "data"
+    first = start_server(data, config_text=SMALL_TEMPLATE.format(warm_pool=0))
+    key = first.create_key("alice")
+    with first.client(key) as c:
+        sid = _create(c)
+        _exec(c, sid, "head -c 20000000 /dev/urandom > big; echo kept > a.txt")
+        if verb == "resume":
+            assert c.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
+    mover = threading.Thread(target=_post_ignoring_errors, args=(first, key, f"{sid}/{verb}"))
+    mover.start()
+    time.sleep(after_s)
+    first.stop(sig=9)
+    mover.join()
+    second = start_server(data, config_text=SMALL_TEMPLATE.format(warm_pool=0))
+    try:
+        with second.client(key) as c:
+            state = c.get(f"/v1/sandboxes/{sid}").json()["state"]
+            assert state in ("paused", "running")
+            cells = list((data / "cells").iterdir())
+            homes = list((data / "workspaces").glob(sid)) if (data / "workspaces").exists() else []
+            assert (len(cells), len(homes)) == ((1, 0) if state == "running" else (0, 1))
+            r = _exec(c, sid, "cat a.txt; stat -c %s big")
+            assert r.json()["stdout"] == "kept\n20000000\n"
+            assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    finally:
+        second.stop()
+    assert not list((data / "cells").iterdir())
+
+
+def _post_ignoring_errors(server: RunningServer, key: str, path: str) -> None:
+    try:
+        with server.client(key) as c:
+            c.post(f"/v1/sandboxes/{path}")
+    except httpx.HTTPError:
+        pass  # the server was killed under it
