@@ -178,6 +178,32 @@ class LocalCells:
                 if claim.read_text() == str(cell_dir):
                     claim.unlink()
 
+    def copy_workspace(self, cell_id: str, dest: Path) -> int:
+        """A consistent copy of a live cell's workspace at `dest`: its processes are frozen
+        and its filesystem synced while it is taken, then thawed. Returns its bytes."""
+        cell_dir = self.cells_dir / _check_id(cell_id)
+        info = self._read_info(cell_dir)
+        if info is None:
+            raise CellError(f"cell {cell_id} is gone")
+        cg = self.cgroups.open(info.cgroup) if self.cgroups and info.cgroup else None
+        image = cell_dir / "disk.img"
+        with cg.frozen() if cg is not None else contextlib.nullcontext(False):
+            disk.sync_filesystem(Path(info.workspace))
+            return disk.copy_workspace(image if image.exists() else Path(info.workspace), dest)
+
+    def workspace_bytes(self, cell_id: str) -> int:
+        cell_dir = self.cells_dir / _check_id(cell_id)
+        image = cell_dir / "disk.img"
+        return disk.allocated_bytes(image if image.exists() else cell_dir / "workspace")
+
+    def thaw(self, cell_id: str) -> None:
+        """Undoes a freeze that a crash mid-snapshot left on the cell."""
+        info = self._read_info(self.cells_dir / _check_id(cell_id))
+        if info is not None and info.cgroup and self.cgroups:
+            cg = self.cgroups.open(info.cgroup)
+            if cg is not None:
+                cg.thaw()
+
     def list(self) -> list[CellInfo]:
         infos = []
         for child in sorted(self.cells_dir.iterdir()):

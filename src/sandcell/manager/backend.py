@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from sandcell.cellapi import health
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.isolation import usage
+from sandcell.isolation import disk, usage
 from sandcell.isolation.cell import CellInfo, LocalCells, new_cell_id
 from sandcell.isolation.policy import CellPolicy, IsolationUnavailable
 from sandcell.isolation.usage import CellUsage
@@ -53,7 +52,23 @@ class Backend(Protocol):
         ...
 
     async def discard_workspace(self, home: str) -> None:
-        """Deletes a kept workspace (the sandbox is deleted); no-op if there is none."""
+        """Deletes a kept workspace or a snapshot; no-op if there is none."""
+        ...
+
+    def snapshot_path(self, snapshot_id: str) -> str:
+        """Where a snapshot's copy lives; 501 where snapshots cannot be taken."""
+        ...
+
+    async def workspace_bytes(self, cell: dict[str, Any] | None, home: str) -> int:
+        """What a copy of the workspace would take: the live cell's, or (None) the kept one."""
+        ...
+
+    async def copy_workspace(self, cell: dict[str, Any] | None, home: str, dest: str) -> int:
+        """A consistent copy at `dest` (the live cell frozen meanwhile); its bytes."""
+        ...
+
+    async def thaw(self, cell: dict[str, Any]) -> None:
+        """Undoes a freeze that a crash mid-snapshot left on the cell."""
         ...
 
     async def list(self) -> list[CellHandle]: ...
@@ -174,7 +189,26 @@ class LocalBackend:
         await asyncio.to_thread(cells.keep_workspace, str(cell["cell_id"]), Path(home))
 
     async def discard_workspace(self, home: str) -> None:
-        await asyncio.to_thread(_remove, Path(home))
+        if home:  # "": none was kept (never Path(""), which is the current directory)
+            await asyncio.to_thread(disk.remove_tree, Path(home))
+
+    def snapshot_path(self, snapshot_id: str) -> str:
+        return str(self.cells.cells_dir.parent / "snapshots" / snapshot_id)
+
+    async def workspace_bytes(self, cell: dict[str, Any] | None, home: str) -> int:
+        if cell is None:
+            return await asyncio.to_thread(disk.allocated_bytes, Path(home))
+        cells = self._cells_of(cell)
+        return await asyncio.to_thread(cells.workspace_bytes, str(cell["cell_id"]))
+
+    async def copy_workspace(self, cell: dict[str, Any] | None, home: str, dest: str) -> int:
+        if cell is None:
+            return await asyncio.to_thread(disk.copy_workspace, Path(home), Path(dest))
+        cells = self._cells_of(cell)
+        return await asyncio.to_thread(cells.copy_workspace, str(cell["cell_id"]), Path(dest))
+
+    async def thaw(self, cell: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._cells_of(cell).thaw, str(cell["cell_id"]))
 
     async def list(self) -> list[CellHandle]:
         infos = await asyncio.to_thread(self.cells.list)
@@ -194,10 +228,3 @@ class LocalBackend:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"cell {cell_id} is gone")
         cgroup = cells.cgroups.open(info.cgroup) if cells.cgroups and info.cgroup else None
         return await asyncio.to_thread(usage.measure, cgroup, info.workspace)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

@@ -20,11 +20,12 @@ from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize
-from sandcell.manager.persistence import Persistence
+from sandcell.manager.persistence import MOVING, Persistence
 from sandcell.manager.pool import WarmCell, WarmPool
+from sandcell.manager.snapshots import DEFAULT_QUOTA_BYTES, Snapshots
 from sandcell.manager.templates import Template
 from sandcell.network.environment import proxy_env
-from sandcell.store import Reservation, SandboxRecord, Store
+from sandcell.store import Reservation, SandboxRecord, SnapshotRecord, Store
 
 log = logging.getLogger("sandcell.manager")
 
@@ -57,6 +58,7 @@ class Manager:
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         reap_interval_s: float = DEFAULT_REAP_INTERVAL_S,
         images: TemplateImages | None = None,
+        snapshot_quota_bytes: int = DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
         self.images = images or TemplateImages(None)
@@ -75,6 +77,7 @@ class Manager:
         self._deleting: dict[str, asyncio.Lock] = {}
         self._unhealthy: dict[str, int] = {}
         self.persistence = Persistence(self)
+        self.snapshots = Snapshots(self, snapshot_quota_bytes)
 
     # -- service lifecycle ----------------------------------------------------------------
 
@@ -86,6 +89,8 @@ class Manager:
                 counted(len(found["adopted"]), "live sandbox", "live sandboxes"),
                 counted(len(found["dropped"]), "dead one", "dead ones"),
             )
+        if removed := await self.snapshots.remove_orphans():
+            log.info("removed %s", counted(len(removed), "unfinished snapshot", "ones"))
         self.images.on_ready(lambda _: self._refill_ready_pools())
         self._refill_ready_pools()  # the others fill once their image is built
         self._reaper = asyncio.ensure_future(self._reap_forever())
@@ -141,10 +146,14 @@ class Manager:
         reservation: Reservation | None = None,
         auto_resume: bool = True,
         on_timeout: str = "delete",
+        snapshot: SnapshotRecord | None = None,
     ) -> SandboxRecord:
-        """A running sandbox; the record takes `reservation`'s slot, which is given back if
-        the create fails. On failure nothing of the sandbox is left."""
+        """A running sandbox (on a copy of `snapshot`'s workspace if given); the record takes
+        `reservation`'s slot, which is given back if the create fails. On failure nothing of
+        the sandbox is left."""
+        home = ""
         try:
+            template_name = _template_of(template_name, snapshot)
             template = self.template(template_name)
             within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
             policy = template.network_policy(network)  # 400 malformed, 403 wider than the cap
@@ -154,11 +163,17 @@ class Manager:
             # variables of the template's default policy.
             init_env = {**proxy_env(policy), **env}
             pooled = not env and proxy_env(policy) == proxy_env(template.egress_policy())
-            warm = await self.pools[template_name].claim() if pooled else None
-            if warm is None:
-                warm = await self.prepare(template, init_env)
+            if snapshot is not None:
+                sandbox_id = new_sandbox_id()
+                home = await self.snapshots.workspace_from(snapshot, sandbox_id)
+                warm = await self.prepare(template, init_env, sandbox_id=sandbox_id, workspace=home)
+            else:
+                warm = await self.pools[template_name].claim() if pooled else None
+                warm = warm or await self.prepare(template, init_env)
         except BaseException:
-            await _each_step(lambda: self._release(reservation))
+            await _each_step(
+                lambda: self._release(reservation), lambda: self.backend.discard_workspace(home)
+            )
             raise
         now = time.time()
         lifetime_s = max_lifetime_s or template.max_lifetime_s
@@ -180,6 +195,7 @@ class Manager:
             auto_resume=auto_resume,
             on_timeout=on_timeout,
             lifetime_s=lifetime_s,
+            workspace=home,
         )
         try:
             await self.store.put_sandbox(record, reservation)
@@ -189,6 +205,7 @@ class Manager:
             # very thing that failed.
             await _each_step(
                 lambda: self.backend.destroy(warm.handle.cell),
+                lambda: self.backend.discard_workspace(home),
                 lambda: self.store.delete_sandbox(record.id),
                 lambda: self._release(reservation),
             )
@@ -304,7 +321,7 @@ class Manager:
 
     async def _expire(self, sandbox_id: str) -> None:
         record = await self.store.get_sandbox(sandbox_id)
-        if record is None or record.state in ("pausing", "resuming"):
+        if record is None or record.state in MOVING:
             return  # gone, or moving: whoever moves it owns it now
         if record.state == "running" and record.on_timeout == "pause":
             try:
@@ -356,6 +373,8 @@ class Manager:
         for record in await self.store.list_sandboxes():
             if not self.backend.owns(record.cell):
                 continue  # another replica's cell: that replica reconciles it
+            if record.state == "snapshotting":  # thawed and back to running or paused
+                record = await self.persistence.settle(record)
             handle = cells.pop(_key(record.cell), None)
             if record.state in ("paused", "pausing", "resuming"):
                 moving += [record] if record.state != "paused" else []
@@ -377,6 +396,18 @@ class Manager:
             "dropped": dropped,
             "orphans": [str(_key(h.cell)) for h in cells.values()],
         }
+
+
+def _template_of(requested: str, snapshot: SnapshotRecord | None) -> str:
+    """A sandbox from a snapshot runs the snapshot's template (its image and limits made
+    the workspace); asking for another one is a 400."""
+    if snapshot is None or requested in (snapshot.template, "default"):
+        return snapshot.template if snapshot is not None else requested
+    raise SandcellError(
+        ErrorCode.BAD_REQUEST,
+        f"snapshot {snapshot.id} is of template {snapshot.template!r}, not {requested!r}",
+        {"snapshot": snapshot.id, "template": snapshot.template},
+    )
 
 
 def within_lifetime(template: Template, **requested: int | None) -> None:

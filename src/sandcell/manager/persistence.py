@@ -24,6 +24,7 @@ from sandcell.store import SandboxRecord
 if TYPE_CHECKING:
     from sandcell.manager.manager import Manager
 
+MOVING = ("pausing", "resuming", "snapshotting")  # someone is at work on the sandbox
 SETTLE_POLL_S = 0.05
 SETTLE_GRACE_S = 30.0  # beyond the init timeout: how long a resume by another caller may take
 
@@ -38,11 +39,35 @@ class Persistence:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {sandbox_id} not found")
         return record
 
+    async def settled(self, sandbox_id: str) -> SandboxRecord:
+        """The record once no pause, resume or snapshot (by any replica) is under way."""
+        deadline = time.monotonic() + self.m.init_timeout_s + SETTLE_GRACE_S
+        while True:
+            record = await self._get(sandbox_id)
+            if record.state not in MOVING or time.monotonic() > deadline:
+                return record
+            await asyncio.sleep(SETTLE_POLL_S)
+
+    async def hold(self, sandbox_id: str) -> SandboxRecord:
+        """Takes a running or paused sandbox for a snapshot: no pause, resume or other
+        snapshot starts until `release` (`paused_at` tells which state it goes back to)."""
+        while True:
+            record = await self.settled(sandbox_id)
+            if record.state not in ("running", "paused"):
+                raise _conflict(record)
+            held = dataclasses.replace(record, state="snapshotting")
+            if await self.m.store.transition(held, (record.state,)):
+                return held
+
+    async def release(self, held: SandboxRecord) -> None:
+        back = dataclasses.replace(held, state="paused" if held.paused_at else "running")
+        await self.m.store.transition(back, ("snapshotting",))
+
     async def pause(self, sandbox_id: str) -> SandboxRecord:
         """Ends every process and releases the cell; the workspace is kept. Idempotent."""
         while True:
-            record = await self._get(sandbox_id)
-            if record.state in ("paused", "pausing"):
+            record = await self.settled(sandbox_id)
+            if record.state == "paused":
                 return record
             if record.state != "running":
                 raise _conflict(record)
@@ -75,14 +100,10 @@ class Persistence:
     async def resume(self, sandbox_id: str) -> SandboxRecord:
         """A new cell on the kept workspace, with a new session key; the same id, env and
         metadata. Waits for a pause or resume under way (by any replica) to end first."""
-        deadline = time.monotonic() + self.m.init_timeout_s + SETTLE_GRACE_S
         while True:
-            record = await self._get(sandbox_id)
+            record = await self.settled(sandbox_id)
             if record.state == "running":
                 return record
-            if record.state in ("pausing", "resuming") and time.monotonic() < deadline:
-                await asyncio.sleep(SETTLE_POLL_S)
-                continue
             if record.state != "paused":
                 raise _conflict(record)
             resuming = dataclasses.replace(record, state="resuming")
@@ -119,14 +140,21 @@ class Persistence:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return running
 
-    async def settle(self, record: SandboxRecord) -> None:
-        """After a restart, a pause or resume that a crash cut short ends `paused`. (A resume's
-        new cell was an orphan, already destroyed, which sent the workspace home.)"""
+    async def settle(self, record: SandboxRecord) -> SandboxRecord:
+        """After a restart, a pause or resume that a crash cut short ends `paused` (a
+        resume's new cell was an orphan, already destroyed, which sent the workspace home);
+        a snapshot cut short goes back to what it was, its cell thawed."""
+        if record.state == "snapshotting":
+            if not record.paused_at:
+                await self.m.backend.thaw(record.cell)
+            await self.release(record)
+            return dataclasses.replace(record, state="paused" if record.paused_at else "running")
         if record.state == "pausing":
-            await self.settle_pause(record)
-        elif record.state == "resuming":
+            return await self.settle_pause(record)
+        if record.state == "resuming":
             paused = dataclasses.replace(record, state="paused")
             await self.m.store.transition(paused, ("resuming",))
+        return record
 
 
 def _conflict(record: SandboxRecord) -> SandcellError:

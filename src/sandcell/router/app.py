@@ -31,7 +31,7 @@ from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
 from sandcell.router.usage import SandboxMetrics, sandbox_metrics
-from sandcell.store import SandboxRecord, Store
+from sandcell.store import Reservation, SandboxRecord, Store
 
 MIB = 1_048_576
 MAX_API_BODY = MIB
@@ -84,6 +84,19 @@ class Router:
         if (lease := scope.get(BODY_BUDGET)) is not None:
             lease.release()
 
+    async def reserve(self, principal: Principal) -> Reservation:
+        """One of the principal's live sandbox slots, for a create in flight; counting and
+        holding are one store step, so concurrent creates cannot all pass."""
+        limit = self.limits.max_sandboxes_per_key
+        reservation = await self.store.reserve_sandbox(principal.name, limit)
+        if reservation is None:
+            raise SandcellError(
+                ErrorCode.RATE_LIMITED,
+                f"this key already has {limit} sandboxes",
+                headers={"Retry-After": "5"},
+            )
+        return reservation
+
     async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
         """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
         principal = await self.principal(request)
@@ -106,14 +119,9 @@ async def create_sandbox(request: Request) -> Response:
     r = _router(request)
     principal = await r.principal(request)
     req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
-    # Counting and holding a slot in one store step: concurrent creates cannot all pass.
-    reservation = await r.store.reserve_sandbox(principal.name, r.limits.max_sandboxes_per_key)
-    if reservation is None:
-        raise SandcellError(
-            ErrorCode.RATE_LIMITED,
-            f"this key already has {r.limits.max_sandboxes_per_key} sandboxes",
-            headers={"Retry-After": "5"},
-        )
+    owner = None if principal.admin else principal.name
+    snapshot = await r.manager.snapshots.owned(owner, req.snapshot) if req.snapshot else None
+    reservation = await r.reserve(principal)
     record = await r.manager.create_sandbox(
         principal.name,
         req.template,
@@ -125,6 +133,7 @@ async def create_sandbox(request: Request) -> Response:
         reservation=reservation,
         auto_resume=req.auto_resume,
         on_timeout=req.on_timeout,
+        snapshot=snapshot,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 

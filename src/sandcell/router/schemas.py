@@ -8,9 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandcell.network.policy import MAX_ENTRIES, Mode
 from sandcell.network.preview import MAX_EXPIRES_IN_S
-from sandcell.store import SandboxRecord
+from sandcell.store import SandboxRecord, SnapshotRecord, State
 
 MAX_METADATA_ITEMS = 64
+SNAPSHOT_ID = r"^snap-[0-9a-f]{16}$"
 
 
 class _Strict(BaseModel):
@@ -47,6 +48,7 @@ class CreateSandbox(_Strict):
     network: Network | None = None  # default: the template's policy
     auto_resume: bool = True  # a proxied request to the paused sandbox resumes it (SPEC §13)
     on_timeout: Literal["delete", "pause"] = "delete"
+    snapshot: str | None = Field(None, pattern=SNAPSHOT_ID)  # start on a copy of its workspace
 
 
 class Keepalive(_Strict):
@@ -56,7 +58,7 @@ class Keepalive(_Strict):
 class Sandbox(BaseModel):
     id: str
     template: str
-    state: Literal["creating", "running", "deleting", "failed", "pausing", "paused", "resuming"]
+    state: State
     created_at: str
     expires_at: str
     idle_timeout_s: int
@@ -66,6 +68,34 @@ class Sandbox(BaseModel):
     auto_resume: bool
     on_timeout: str
     paused_at: str | None
+
+
+class CreateSnapshot(_Strict):
+    name: str | None = Field(None, max_length=128)
+
+
+class Snapshot(BaseModel):
+    id: str
+    sandbox_id: str
+    name: str | None
+    template: str
+    created_at: str
+    size_bytes: int
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[Snapshot]
+
+
+def snapshot_view(record: SnapshotRecord) -> dict:
+    return {
+        "id": record.id,
+        "sandbox_id": record.sandbox_id,
+        "name": record.name or None,
+        "template": record.template,
+        "created_at": rfc3339(record.created_at),
+        "size_bytes": record.size_bytes,
+    }
 
 
 class SandboxList(BaseModel):

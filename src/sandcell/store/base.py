@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .crypto import Sealer
-from .records import STATES, ApiKeyRecord, SandboxRecord, State
+from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State
 
 FieldValue = str | int | float | bytes
 SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed session private key
@@ -138,6 +138,21 @@ class Store(ABC):
     @abstractmethod
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         """Overwrite some stored fields of an existing sandbox; never create one."""
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_snapshot(self, rec: SnapshotRecord) -> None: ...
+
+    @abstractmethod
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None: ...
+
+    @abstractmethod
+    async def list_snapshots(self, owner: str | None = None) -> list[SnapshotRecord]:
+        """All snapshots, or one owner's, oldest first."""
+
+    @abstractmethod
+    async def delete_snapshot(self, snapshot_id: str) -> bool: ...
 
     # -- session keys (sealed, bound to the sandbox id) ---------------------------------------
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, Self, get_args, get_origin, get_type_hints
 
-State = Literal["creating", "running", "deleting", "failed", "pausing", "paused", "resuming"]
+State = Literal[
+    "creating", "running", "deleting", "failed", "pausing", "paused", "resuming", "snapshotting"
+]
 STATES: frozenset[str] = frozenset(get_args(State))
 # A sandbox in one of these holds no cell: it counts against no live limit (SPEC §13).
 PARKED_STATES: tuple[str, ...] = ("paused",)
@@ -118,6 +120,21 @@ class SandboxRecord(_Record):
     @property
     def deadline(self) -> float:
         return deadline_of(self.expires_at, self.last_activity_at, self.idle_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord(_Record):
+    """A copy of a sandbox's workspace (SPEC §13), owned by the principal that took it.
+    Written only once the copy is whole at `path`, so a listed snapshot is never half."""
+
+    id: str
+    owner: str
+    sandbox_id: str
+    name: str
+    template: str
+    created_at: float
+    size_bytes: int
+    path: str
 
 
 @dataclass(frozen=True, slots=True)

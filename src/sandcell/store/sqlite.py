@@ -20,7 +20,7 @@ from typing import Any
 
 from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
-from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord
+from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord
 
 # Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns.
 SCHEMA_VERSION = 3
@@ -77,6 +77,17 @@ CREATE TABLE IF NOT EXISTS reservations (  -- sandbox slots held by creates in f
     until REAL NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS reservations_by_owner ON reservations (owner);
+CREATE TABLE IF NOT EXISTS snapshots (  -- since version 3
+    id         TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    template   TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    path       TEXT NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS snapshots_by_owner ON snapshots (owner, created_at);
 CREATE TABLE IF NOT EXISTS secrets (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL  -- sealed
@@ -94,6 +105,11 @@ _UPSERT_SANDBOX = (
 )
 _PARKED = ", ".join("?" * len(PARKED_STATES))
 _SET_ALL = ", ".join(f"{c} = :{c}" for c in SandboxRecord.fields()[1:])
+_SNAP_COLS = ", ".join(SnapshotRecord.fields())
+_INSERT_SNAPSHOT = (
+    f"INSERT INTO snapshots ({_SNAP_COLS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in SnapshotRecord.fields())})"
+)
 _INSERT_KEY = (
     f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
     f"VALUES ({', '.join(':' + c for c in ApiKeyRecord.fields())})"
@@ -249,6 +265,23 @@ class SQLiteStore(Store):
             (sandbox_id,),
         )
         return rows[0][0] if rows else None
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def put_snapshot(self, rec: SnapshotRecord) -> None:
+        self._write(_INSERT_SNAPSHOT, rec.to_flat())
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        rows = self._read(f"SELECT {_SNAP_COLS} FROM snapshots WHERE id = ?", (snapshot_id,))  # noqa: S608
+        return SnapshotRecord.from_dict(rows[0]) if rows else None
+
+    async def list_snapshots(self, owner: str | None = None) -> list[SnapshotRecord]:
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+        sql = f"SELECT {_SNAP_COLS} FROM snapshots {where} ORDER BY created_at, id"  # noqa: S608
+        return [SnapshotRecord.from_dict(row) for row in self._read(sql, params)]
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return self._write("DELETE FROM snapshots WHERE id = ?", (snapshot_id,)) == 1
 
     # -- API keys -----------------------------------------------------------------------------
 

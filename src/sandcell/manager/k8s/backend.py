@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx2
 import lightkube
@@ -246,19 +246,35 @@ class KubernetesBackend:
             {"backend": self.name, "pod": cell.get("pod")},
         )
 
-    def workspace_home(self, sandbox_id: str) -> str:
-        """Pods keep no workspace past their end yet (PersistentVolumeClaims would)."""
+    def _not_yet(self, subject: str) -> NoReturn:
+        """Pods keep no workspace past their end yet (PersistentVolumeClaims and
+        VolumeSnapshots would): docs/kubernetes.md says so."""
         raise SandcellError(
             ErrorCode.NOT_IMPLEMENTED,
             "pause, resume and snapshots are not available on the Kubernetes backend yet",
-            {"backend": self.name, "sandbox_id": sandbox_id},
+            {"backend": self.name, "subject": subject},
         )
 
+    def workspace_home(self, sandbox_id: str) -> str:
+        self._not_yet(sandbox_id)
+
     async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
-        self.workspace_home(str(cell.get("pod", "")))
+        self._not_yet(home)
 
     async def discard_workspace(self, home: str) -> None:
-        """Nothing is ever kept (see `workspace_home`)."""
+        """Nothing is ever kept (see `_not_yet`)."""
+
+    def snapshot_path(self, snapshot_id: str) -> str:
+        self._not_yet(snapshot_id)
+
+    async def workspace_bytes(self, cell: dict[str, Any] | None, home: str) -> int:
+        self._not_yet(home)
+
+    async def copy_workspace(self, cell: dict[str, Any] | None, home: str, dest: str) -> int:
+        self._not_yet(dest)
+
+    async def thaw(self, cell: dict[str, Any]) -> None:
+        """Pods are never frozen."""
 
     async def aclose(self) -> None:
         await self.client.aclose()
