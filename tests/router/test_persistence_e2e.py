@@ -82,11 +82,57 @@ def test_another_principal_cannot_pause_or_resume(server, alice):
         c.delete(f"/v1/sandboxes/{sid}")
 
 
-@pytest.mark.parametrize("verb", ["pause", "resume"])
+def test_snapshot_start_from_it_fork_and_privacy(server, alice):
+    bob = server.create_key("bob-snapshots")
+    with server.client(alice) as c, server.client(bob) as other:
+        sid = _create(c, metadata={"k": "v"})
+        _exec(c, sid, "echo v1 > a.txt")
+        made = c.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "first"})
+        assert made.status_code == 201, made.text
+        snap = made.json()
+        assert snap["id"].startswith("snap-") and snap["sandbox_id"] == sid
+        assert snap["name"] == "first" and snap["template"] == "default" and snap["size_bytes"] > 0
+        _exec(c, sid, "echo v2 > a.txt")
+        from_snap = _create(c, snapshot=snap["id"])
+        assert _exec(c, from_snap, "cat a.txt").json()["stdout"] == "v1\n"
+        forked = c.post(f"/v1/sandboxes/{sid}/fork")
+        assert forked.status_code == 201 and forked.json()["metadata"] == {"k": "v"}
+        assert _exec(c, forked.json()["id"], "cat a.txt").json()["stdout"] == "v2\n"
+        assert [s["id"] for s in c.get("/v1/snapshots").json()["snapshots"]] == [snap["id"]]
+        # Another principal: nothing listed, 404 to delete or start from it.
+        assert other.get("/v1/snapshots").json() == {"snapshots": []}
+        assert other.delete(f"/v1/snapshots/{snap['id']}").status_code == 404
+        stolen = other.post("/v1/sandboxes", json={"snapshot": snap["id"]})
+        assert stolen.status_code == 404 and stolen.json()["error"]["code"] == "NOT_FOUND"
+        assert c.post("/v1/sandboxes", json={"snapshot": "nope"}).status_code == 400
+        assert c.delete(f"/v1/snapshots/{snap['id']}").status_code == 204
+        assert c.delete(f"/v1/snapshots/{snap['id']}").status_code == 404
+        for each in (sid, from_snap, forked.json()["id"]):
+            assert c.delete(f"/v1/sandboxes/{each}").status_code == 204
+    assert not list((server.data_dir / "snapshots").iterdir())
+
+
+def test_a_snapshot_over_quota_is_413(tmp_path):
+    config = "[server]\nsnapshot_quota_mb = 1\n" + SMALL_TEMPLATE.format(warm_pool=0)
+    srv = start_server(tmp_path / "data", config_text=config)
+    try:
+        with srv.client(srv.create_key("alice")) as c:
+            sid = _create(c)
+            _exec(c, sid, "head -c 3000000 /dev/urandom > big")
+            r = c.post(f"/v1/sandboxes/{sid}/snapshots")
+            assert r.status_code == 413 and r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+            assert c.get("/v1/snapshots").json() == {"snapshots": []}
+            c.delete(f"/v1/sandboxes/{sid}")
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume", "snapshots"])
 @pytest.mark.parametrize("after_s", [0.0, 0.05, 0.2])
 def test_sigkill_mid_move_leaves_one_consistent_sandbox(tmp_path, verb, after_s):
-    """The server killed at some point of a pause or resume: after a restart the sandbox is
-    paused or running (never both, never neither) and its files are all there."""
+    """The server killed at some point of a pause, resume or snapshot: after a restart the
+    sandbox is paused or running (never both, never neither), its files are all there, and
+    no half snapshot is listed or left."""
     data = tmp_path / "data"
     first = start_server(data, config_text=SMALL_TEMPLATE.format(warm_pool=0))
     key = first.create_key("alice")
@@ -110,6 +156,12 @@ def test_sigkill_mid_move_leaves_one_consistent_sandbox(tmp_path, verb, after_s)
             assert (len(cells), len(homes)) == ((1, 0) if state == "running" else (0, 1))
             r = _exec(c, sid, "cat a.txt; stat -c %s big")
             assert r.json()["stdout"] == "kept\n20000000\n"
+            listed = c.get("/v1/snapshots").json()["snapshots"]
+            on_disk = list((data / "snapshots").iterdir()) if (data / "snapshots").exists() else []
+            assert [s["id"] for s in listed] == [p.name for p in on_disk]
+            for snap in listed:
+                assert snap["size_bytes"] > 20_000_000
+                c.delete(f"/v1/snapshots/{snap['id']}")
             assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
     finally:
         second.stop()

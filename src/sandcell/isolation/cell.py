@@ -192,9 +192,12 @@ class LocalCells:
             return disk.copy_workspace(image if image.exists() else Path(info.workspace), dest)
 
     def workspace_bytes(self, cell_id: str) -> int:
+        """What a copy of the live workspace would take, once what the cell wrote is
+        flushed to its image (until then the image's blocks undercount it)."""
         cell_dir = self.cells_dir / _check_id(cell_id)
-        image = cell_dir / "disk.img"
-        return disk.allocated_bytes(image if image.exists() else cell_dir / "workspace")
+        image, workspace = cell_dir / "disk.img", cell_dir / "workspace"
+        disk.sync_filesystem(workspace)
+        return disk.allocated_bytes(image if image.exists() else workspace)
 
     def thaw(self, cell_id: str) -> None:
         """Undoes a freeze that a crash mid-snapshot left on the cell."""
