@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
 from sandcell.errors import SandcellError
+from sandcell.isolation.cell import LocalCells
 from sandcell.manager.manager import Manager
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -149,3 +151,33 @@ async def test_restart_mid_pause_and_mid_resume_ends_paused(make_manager, tmp_pa
             assert client.exec("cat id.txt")["stdout"] == f"{record.id}\n"
         await restarted.delete_sandbox(record.id)
     await restarted.stop()
+
+
+def _memory_limit(cgroup_parent: str, tmp_path: Path, cell_id: str) -> int:
+    cells = LocalCells(tmp_path / "cells", cgroup_parent=cgroup_parent)
+    info = cells._read_info(tmp_path / "cells" / cell_id)
+    cg = cells.cgroups.open(info.cgroup)
+    for d in cg.dirs:
+        for name in ("memory.limit_in_bytes", "memory.max"):
+            if os.path.exists(os.path.join(d, name)):
+                return int(Path(d, name).read_text())
+    raise AssertionError("no memory limit file")
+
+
+async def test_resources_within_the_template_max_and_kept_across_resume(
+    make_manager, tmp_path, cgroup_parent
+):
+    manager = await _started(make_manager, default={"max_memory_mb": 384, "max_cpus": 2})
+    with pytest.raises(SandcellError) as info:
+        await manager.create_sandbox("alice", resources={"memory_mb": 385})
+    assert info.value.status == 400 and info.value.details["field"] == "resources.memory_mb"
+    with pytest.raises(SandcellError):
+        await manager.create_sandbox("alice", resources={"disk_mb": 65})  # no max: the default
+    record = await manager.create_sandbox("alice", resources={"memory_mb": 320, "cpus": 1.5})
+    assert record.resources == {"cpus": 1.5, "memory_mb": 320, "disk_mb": 64}
+    assert _memory_limit(cgroup_parent, tmp_path, record.cell["cell_id"]) == 320 * 1024**2
+    await manager.persistence.pause(record.id)
+    resumed = await manager.persistence.resume(record.id)
+    assert _memory_limit(cgroup_parent, tmp_path, resumed.cell["cell_id"]) == 320 * 1024**2
+    await manager.delete_sandbox(record.id)
+    await manager.stop()

@@ -14,9 +14,12 @@ from support.server import SMALL_TEMPLATE, RunningServer, start_server
 pytestmark = pytest.mark.slow
 
 
+CONFIG = SMALL_TEMPLATE.format(warm_pool=0) + "max_memory_mb = 384\nmax_cpus = 2.0\n"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("persist") / "data")
+    srv = start_server(tmp_path_factory.mktemp("persist") / "data", config_text=CONFIG)
     yield srv
     srv.stop()
     assert not list((srv.data_dir / "cells").iterdir()), "cells left after shutdown"
@@ -110,6 +113,19 @@ def test_snapshot_start_from_it_fork_and_privacy(server, alice):
         for each in (sid, from_snap, forked.json()["id"]):
             assert c.delete(f"/v1/sandboxes/{each}").status_code == 204
     assert not list((server.data_dir / "snapshots").iterdir())
+
+
+def test_resources_show_in_the_sandbox_metrics(server, alice):
+    with server.client(alice) as c:
+        over = c.post("/v1/sandboxes", json={"resources": {"memory_mb": 4096}})
+        assert over.status_code == 400 and over.json()["error"]["code"] == "BAD_REQUEST"
+        bad = c.post("/v1/sandboxes", json={"resources": {"gpus": 1}})
+        assert bad.status_code == 400
+        sid = _create(c, resources={"memory_mb": 300, "cpus": 1.5})
+        metrics = c.get(f"/v1/sandboxes/{sid}/metrics").json()
+        assert metrics["memory_limit_bytes"] == 300 * 1024**2 and metrics["cpus"] == 1.5
+        assert metrics["disk_limit_bytes"] == 128 * 1024**2  # the template's: not asked for
+        c.delete(f"/v1/sandboxes/{sid}")
 
 
 def test_a_snapshot_over_quota_is_413(tmp_path):

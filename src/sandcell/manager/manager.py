@@ -147,6 +147,7 @@ class Manager:
         auto_resume: bool = True,
         on_timeout: str = "delete",
         snapshot: SnapshotRecord | None = None,
+        resources: dict[str, Any] | None = None,
     ) -> SandboxRecord:
         """A running sandbox (on a copy of `snapshot`'s workspace if given); the record takes
         `reservation`'s slot, which is given back if the create fails. On failure nothing of
@@ -159,6 +160,8 @@ class Manager:
             policy = template.network_policy(network)  # 400 malformed, 403 wider than the cap
             env = env or {}
             validate_env(env)  # before any cell is made: the daemon would refuse it at init
+            own = template.resources(resources)  # 400 beyond the template's max_*
+            resources = own if own != template.resources() else {}
             # Pooled cells were initialised before anyone's env was known, with the proxy
             # variables of the template's default policy.
             init_env = {**proxy_env(policy), **env}
@@ -166,10 +169,12 @@ class Manager:
             if snapshot is not None:
                 sandbox_id = new_sandbox_id()
                 home = await self.snapshots.workspace_from(snapshot, sandbox_id)
-                warm = await self.prepare(template, init_env, sandbox_id=sandbox_id, workspace=home)
+                warm = await self.prepare(
+                    template, init_env, sandbox_id=sandbox_id, workspace=home, resources=resources
+                )
             else:
-                warm = await self.pools[template_name].claim() if pooled else None
-                warm = warm or await self.prepare(template, init_env)
+                warm = await self.pools[template_name].claim() if pooled and not resources else None
+                warm = warm or await self.prepare(template, init_env, resources=resources)
         except BaseException:
             await _each_step(
                 lambda: self._release(reservation), lambda: self.backend.discard_workspace(home)
@@ -196,6 +201,7 @@ class Manager:
             on_timeout=on_timeout,
             lifetime_s=lifetime_s,
             workspace=home,
+            resources=resources,
         )
         try:
             await self.store.put_sandbox(record, reservation)
@@ -223,11 +229,15 @@ class Manager:
         *,
         sandbox_id: str | None = None,
         workspace: str | None = None,
+        resources: dict[str, Any] | None = None,
     ) -> WarmCell:
         """A started and initialised cell, for a new sandbox or (`sandbox_id`, `workspace`) a
-        resumed one; on any failure nothing of the cell is left."""
+        resumed one, with the sandbox's own `resources`; on any failure nothing of the cell
+        is left."""
         sandbox_id = sandbox_id or new_sandbox_id()
         policy = await self.images.policy_for(template)
+        if resources:
+            policy = template.policy_with(policy, resources)
         if env is None:  # a pool's cell: the template's default policy
             env = proxy_env(template.egress_policy())
         try:

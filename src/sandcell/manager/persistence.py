@@ -116,7 +116,11 @@ class Persistence:
         env = {**proxy_env(policy), **record.env}
         try:
             warm = await self.m.prepare(
-                template, env, sandbox_id=record.id, workspace=record.workspace
+                template,
+                env,
+                sandbox_id=record.id,
+                workspace=record.workspace,
+                resources=record.resources,
             )
             await self.m.store.put_session_key(record.id, tokens.private_pem(warm.session_key))
         except BaseException:

@@ -134,6 +134,7 @@ async def create_sandbox(request: Request) -> Response:
         auto_resume=req.auto_resume,
         on_timeout=req.on_timeout,
         snapshot=snapshot,
+        resources=req.resources.model_dump(exclude_none=True) if req.resources else None,
     )
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 

@@ -106,6 +106,7 @@ async def fork(request: Request) -> Response:
             auto_resume=parent.auto_resume,
             on_timeout=parent.on_timeout,
             snapshot=snapshot,
+            resources=parent.resources,
         )
     finally:
         await r.manager.snapshots.delete(snapshot)

@@ -39,6 +39,14 @@ class PreviewUrlResponse(BaseModel):
     host_url: str | None = None  # with server.preview_domain: the app at its own host's root
 
 
+class Resources(_Strict):
+    """A sandbox's own limits, each at most the template's max_* (SPEC §13)."""
+
+    cpus: float | None = Field(None, gt=0, le=1024)
+    memory_mb: int | None = Field(None, ge=16, le=1_048_576)
+    disk_mb: int | None = Field(None, ge=16, le=16_777_216)
+
+
 class CreateSandbox(_Strict):
     template: str = Field("default", min_length=1, max_length=64)
     idle_timeout_s: int | None = Field(None, ge=1, le=604_800)
@@ -49,6 +57,7 @@ class CreateSandbox(_Strict):
     auto_resume: bool = True  # a proxied request to the paused sandbox resumes it (SPEC §13)
     on_timeout: Literal["delete", "pause"] = "delete"
     snapshot: str | None = Field(None, pattern=SNAPSHOT_ID)  # start on a copy of its workspace
+    resources: Resources | None = None
 
 
 class Keepalive(_Strict):
@@ -67,6 +76,7 @@ class Sandbox(BaseModel):
     network: dict[str, Any]
     auto_resume: bool
     on_timeout: str
+    resources: dict[str, Any]
     paused_at: str | None
 
 
@@ -125,5 +135,6 @@ def sandbox_view(record: SandboxRecord) -> dict:
         "network": record.network,
         "auto_resume": record.auto_resume,
         "on_timeout": record.on_timeout,
+        "resources": record.resources,
         "paused_at": rfc3339(record.paused_at) if record.paused_at else None,
     }

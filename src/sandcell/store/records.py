@@ -112,6 +112,7 @@ class SandboxRecord(_Record):
     lifetime_s: int = 0
     paused_at: float = 0.0
     workspace: str = ""  # the backend's place for the workspace while no cell holds it
+    resources: dict[str, Any] = field(default_factory=dict)  # cpus, memory_mb, disk_mb
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

@@ -32,6 +32,7 @@ _ADDED_COLUMNS = {
     "lifetime_s": "INTEGER NOT NULL DEFAULT 0",
     "paused_at": "REAL NOT NULL DEFAULT 0",
     "workspace": "TEXT NOT NULL DEFAULT ''",
+    "resources": "TEXT NOT NULL DEFAULT '{}'",
 }
 BUSY_TIMEOUT_MS = 5000
 
@@ -51,11 +52,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     endpoint         TEXT NOT NULL,  -- JSON
     cell             TEXT NOT NULL,  -- JSON
     network          TEXT NOT NULL DEFAULT '{}',  -- JSON, since version 2
-    auto_resume      INTEGER NOT NULL DEFAULT 1,  -- these five since version 3
+    auto_resume      INTEGER NOT NULL DEFAULT 1,  -- these six since version 3
     on_timeout       TEXT NOT NULL DEFAULT 'delete',
     lifetime_s       INTEGER NOT NULL DEFAULT 0,
     paused_at        REAL NOT NULL DEFAULT 0,
     workspace        TEXT NOT NULL DEFAULT '',
+    resources        TEXT NOT NULL DEFAULT '{}',  -- JSON
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
