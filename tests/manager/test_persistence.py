@@ -10,20 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sandcell import tokens
-from sandcell.cellapi.client import DaemonClient
 from sandcell.errors import SandcellError
 from sandcell.isolation.cell import LocalCells
 from sandcell.manager.manager import Manager
+from support.sessions import session_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-
-
-async def _client(manager: Manager, sandbox_id: str) -> DaemonClient:
-    record = await manager.store.get_sandbox(sandbox_id)
-    pem = await manager.store.get_session_key(sandbox_id)
-    assert record is not None and pem is not None
-    return DaemonClient(record.endpoint, sandbox_id, tokens.load_private_key(pem))
 
 
 def _cell_dirs(tmp_path: Path) -> list[str]:
@@ -39,7 +31,7 @@ async def _started(make_manager, **templates) -> Manager:
 async def test_pause_keeps_files_ends_processes_and_resume_restores(make_manager, tmp_path):
     manager = await _started(make_manager)
     record = await manager.create_sandbox("alice", env={"GREETING": "hi"}, metadata={"k": "v"})
-    with await _client(manager, record.id) as client:
+    with await session_client(manager, record.id) as client:
         client.exec("echo kept > note.txt && mkdir -p d && ln -s ../note.txt d/link")
         client.exec("sleep 1000 >/dev/null 2>&1 & echo started")
     old_key = await manager.store.get_session_key(record.id)
@@ -56,7 +48,7 @@ async def test_pause_keeps_files_ends_processes_and_resume_restores(make_manager
     assert running.id == record.id and running.state == "running"
     assert running.metadata == {"k": "v"} and running.cell != record.cell
     assert await manager.store.get_session_key(record.id) != old_key  # a new two-stage init
-    with await _client(manager, record.id) as client:
+    with await session_client(manager, record.id) as client:
         out = client.exec("cat note.txt d/link; echo $GREETING; pgrep -c sleep || true")
         assert out["stdout"] == "kept\nkept\nhi\n0\n"
         assert client.exec("echo more >> note.txt && id -u")["stdout"] == "1000\n"
@@ -95,7 +87,7 @@ async def test_idle_timeout_with_on_timeout_pause_pauses(make_manager, tmp_path)
     manager = await _started(make_manager, default={"paused_ttl_s": 60})
     kept = await manager.create_sandbox("alice", on_timeout="pause")
     gone = await manager.create_sandbox("alice")
-    with await _client(manager, kept.id) as client:
+    with await session_client(manager, kept.id) as client:
         client.exec("echo still > here.txt")
     later = time.time() + 10_000
     reaped = await manager.reap_once(now=later)
@@ -105,7 +97,7 @@ async def test_idle_timeout_with_on_timeout_pause_pauses(make_manager, tmp_path)
     assert paused is not None and paused.state == "paused"
     assert paused.expires_at == pytest.approx(time.time() + 60, abs=5)
     await manager.persistence.resume(kept.id)
-    with await _client(manager, kept.id) as client:
+    with await session_client(manager, kept.id) as client:
         assert client.exec("cat here.txt")["stdout"] == "still\n"
     # Paused past its paused TTL: deleted, workspace and all.
     await manager.persistence.pause(kept.id)
@@ -123,7 +115,7 @@ async def test_restart_mid_pause_and_mid_resume_ends_paused(make_manager, tmp_pa
     mid_pause = await manager.create_sandbox("alice")
     mid_resume = await manager.create_sandbox("alice")
     for record in (mid_pause, mid_resume):
-        with await _client(manager, record.id) as client:
+        with await session_client(manager, record.id) as client:
             client.exec(f"echo {record.id} > id.txt")
     # Died right after the state changed: the cell still runs with the workspace in it.
     home = manager.backend.workspace_home(mid_pause.id)
@@ -147,7 +139,7 @@ async def test_restart_mid_pause_and_mid_resume_ends_paused(make_manager, tmp_pa
     assert _cell_dirs(tmp_path) == []
     for record in (mid_pause, mid_resume):
         await restarted.persistence.resume(record.id)
-        with await _client(restarted, record.id) as client:
+        with await session_client(restarted, record.id) as client:
             assert client.exec("cat id.txt")["stdout"] == f"{record.id}\n"
         await restarted.delete_sandbox(record.id)
     await restarted.stop()

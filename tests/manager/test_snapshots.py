@@ -8,24 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from sandcell import tokens
-from sandcell.cellapi.client import DaemonClient
 from sandcell.errors import SandcellError
 from sandcell.isolation.cell import LocalCells
 from sandcell.manager.manager import Manager
+from support.sessions import session_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
-async def _client(manager: Manager, sandbox_id: str) -> DaemonClient:
-    record = await manager.store.get_sandbox(sandbox_id)
-    pem = await manager.store.get_session_key(sandbox_id)
-    assert record is not None and pem is not None
-    return DaemonClient(record.endpoint, sandbox_id, tokens.load_private_key(pem))
-
-
 async def _run(manager: Manager, sandbox_id: str, command: str) -> str:
-    with await _client(manager, sandbox_id) as client:
+    with await session_client(manager, sandbox_id) as client:
         return client.exec(command)["stdout"]
 
 
