@@ -83,6 +83,27 @@ async def test_concurrent_resumes_start_one_cell(make_manager, tmp_path):
     await manager.stop()
 
 
+async def test_two_replicas_sharing_the_store_resume_and_snapshot_once(make_manager, tmp_path):
+    """Two managers over one store (on Redis: two replicas): of two resumes one starts a
+    cell, the other waits and gets the same sandbox; snapshots taken together are serial."""
+    one, two = await _started(make_manager), await _started(make_manager)
+    record = await one.create_sandbox("alice")
+    await one.persistence.pause(record.id)
+    resumes = (m.persistence.resume(record.id) for m in (one, two))
+    a, b = await asyncio.gather(*resumes)
+    assert a.cell == b.cell and len(_cell_dirs(tmp_path)) == 1
+    snaps = await asyncio.gather(
+        one.snapshots.take("alice", record.id), two.snapshots.take("alice", record.id)
+    )
+    assert len({s.id for s in snaps}) == 2 and all(s.size_bytes > 0 for s in snaps)
+    assert (await one.store.get_sandbox(record.id)).state == "running"
+    for snap in snaps:
+        await one.snapshots.delete(snap)
+    await one.delete_sandbox(record.id)
+    await one.stop()
+    await two.stop()
+
+
 async def test_idle_timeout_with_on_timeout_pause_pauses(make_manager, tmp_path):
     manager = await _started(make_manager, default={"paused_ttl_s": 60})
     kept = await manager.create_sandbox("alice", on_timeout="pause")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sdk.helpers import stop_and_clean
 from support.server import SMALL_TEMPLATE, RunningServer, start_server
 
 pytestmark = pytest.mark.slow
@@ -128,6 +129,26 @@ def test_resources_show_in_the_sandbox_metrics(server, alice):
         c.delete(f"/v1/sandboxes/{sid}")
 
 
+def test_paused_sandboxes_hold_no_slot_and_a_resume_needs_one(tmp_path):
+    config = "[server]\nmax_sandboxes_per_key = 1\n" + SMALL_TEMPLATE.format(warm_pool=0)
+    srv = start_server(tmp_path / "data", config_text=config)
+    try:
+        with srv.client(srv.create_key("alice")) as c:
+            first = _create(c)
+            assert c.post("/v1/sandboxes", json={}).status_code == 429
+            assert c.post(f"/v1/sandboxes/{first}/pause").status_code == 200
+            second = _create(c)  # the paused one holds no slot
+            full = c.post(f"/v1/sandboxes/{first}/resume")
+            assert full.status_code == 429 and full.json()["error"]["code"] == "RATE_LIMITED"
+            assert _exec(c, first, "true").status_code == 429  # nor does auto-resume pass
+            assert c.get(f"/v1/sandboxes/{first}").json()["state"] == "paused"
+            c.delete(f"/v1/sandboxes/{second}")
+            assert c.post(f"/v1/sandboxes/{first}/resume").json()["state"] == "running"
+            c.delete(f"/v1/sandboxes/{first}")
+    finally:
+        stop_and_clean(srv)
+
+
 def test_a_snapshot_over_quota_is_413(tmp_path):
     config = "[server]\nsnapshot_quota_mb = 1\n" + SMALL_TEMPLATE.format(warm_pool=0)
     srv = start_server(tmp_path / "data", config_text=config)
@@ -140,7 +161,7 @@ def test_a_snapshot_over_quota_is_413(tmp_path):
             assert c.get("/v1/snapshots").json() == {"snapshots": []}
             c.delete(f"/v1/sandboxes/{sid}")
     finally:
-        srv.stop()
+        stop_and_clean(srv)
 
 
 @pytest.mark.parametrize("verb", ["pause", "resume", "snapshots"])

@@ -84,11 +84,11 @@ class Router:
         if (lease := scope.get(BODY_BUDGET)) is not None:
             lease.release()
 
-    async def reserve(self, principal: Principal) -> Reservation:
-        """One of the principal's live sandbox slots, for a create in flight; counting and
-        holding are one store step, so concurrent creates cannot all pass."""
+    async def reserve(self, owner: str) -> Reservation:
+        """One of the owner's live sandbox slots, for a create or resume in flight; counting
+        and holding are one store step, so concurrent creates cannot all pass."""
         limit = self.limits.max_sandboxes_per_key
-        reservation = await self.store.reserve_sandbox(principal.name, limit)
+        reservation = await self.store.reserve_sandbox(owner, limit)
         if reservation is None:
             raise SandcellError(
                 ErrorCode.RATE_LIMITED,
@@ -121,7 +121,7 @@ async def create_sandbox(request: Request) -> Response:
     req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
     owner = None if principal.admin else principal.name
     snapshot = await r.manager.snapshots.owned(owner, req.snapshot) if req.snapshot else None
-    reservation = await r.reserve(principal)
+    reservation = await r.reserve(principal.name)
     record = await r.manager.create_sandbox(
         principal.name,
         req.template,

@@ -54,8 +54,16 @@ async def wake(r: Router, record: SandboxRecord) -> SandboxRecord:
 
 
 async def _resume(r: Router, record: SandboxRecord) -> SandboxRecord:
+    """A resumed sandbox is live again: it needs one of its owner's slots (429 without),
+    held until the resume has counted it (a running one needs none)."""
     r.proxy.forget(record)  # a new cell: a new session key and endpoint
-    return await r.manager.persistence.resume(record.id)
+    if record.state == "running":
+        return record
+    reservation = await r.reserve(record.owner)
+    try:
+        return await r.manager.persistence.resume(record.id)
+    finally:
+        await r.store.release_reservation(reservation)
 
 
 async def take_snapshot(request: Request) -> Response:
@@ -87,8 +95,8 @@ async def fork(request: Request) -> Response:
     """A snapshot and a sandbox started from it, with the parent's settings; the snapshot
     goes once the fork has its own copy (it counts against the quota only meanwhile)."""
     r: Router = request.app.state.router
-    principal, parent = await r.owned(request)
-    reservation = await r.reserve(principal)
+    _, parent = await r.owned(request)
+    reservation = await r.reserve(parent.owner)
     try:
         snapshot = await r.manager.snapshots.take(parent.owner, parent.id, f"fork of {parent.id}")
     except BaseException:
