@@ -194,3 +194,25 @@ async def test_resources_within_the_template_max_and_kept_across_resume(
     assert _memory_limit(cgroup_parent, tmp_path, resumed.cell["cell_id"]) == 320 * 1024**2
     await manager.delete_sandbox(record.id)
     await manager.stop()
+
+
+async def test_a_tenant_symlink_to_a_host_file_survives_resume_without_a_chown(
+    make_manager, tmp_path
+):
+    """Resume hands the workspace's files to the new cell's uid: a link the tenant planted
+    to a host path is chowned itself, never the host file it names."""
+    host_file = tmp_path / "host-secret"
+    host_file.write_text("root's")
+    os.chown(host_file, 0, 0)
+    manager = await _started(make_manager)
+    record = await manager.create_sandbox("alice")
+    with await session_client(manager, record.id) as client:
+        client.exec(f"ln -s {host_file} link; ln -s {tmp_path} dirlink")
+    await manager.persistence.pause(record.id)
+    await manager.persistence.resume(record.id)
+    assert (host_file.stat().st_uid, host_file.stat().st_gid) == (0, 0)
+    assert tmp_path.stat().st_uid == 0
+    with await session_client(manager, record.id) as client:
+        assert client.exec("cat link 2>/dev/null || echo unreadable")["stdout"] == "unreadable\n"
+    await manager.delete_sandbox(record.id)
+    await manager.stop()
