@@ -386,8 +386,9 @@ class Manager:
             if record.state == "snapshotting":  # thawed and back to running or paused
                 record = await self.persistence.settle(record)
             handle = cells.pop(_key(record.cell), None)
+            if record.state in ("pausing", "resuming"):
+                moving.append(record)  # settled once the orphan cells are gone
             if record.state in ("paused", "pausing", "resuming"):
-                moving += [record] if record.state != "paused" else []
                 continue
             if handle is not None and await self.backend.healthy(handle.endpoint):
                 await self.backend.adopt(record.id, handle)
