@@ -65,9 +65,10 @@ def test_without_auto_resume_a_request_gets_409_until_resumed(server, alice):
         sid = _create(c, auto_resume=False, metadata={"k": "v"}, env={"X": "1"})
         _exec(c, sid, "echo kept > a.txt")
         assert c.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
-        refused = _exec(c, sid, "cat a.txt")
-        assert refused.status_code == 409
-        assert refused.json()["error"]["code"] == "SANDBOX_PAUSED"
+        for refused in (_exec(c, sid, "cat a.txt"), c.post(f"/v1/sandboxes/{sid}/keepalive")):
+            assert refused.status_code == 409
+            assert refused.json()["error"]["code"] == "SANDBOX_PAUSED"
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
         resumed = c.post(f"/v1/sandboxes/{sid}/resume")
         assert resumed.status_code == 200 and resumed.json()["state"] == "running"
         assert resumed.json()["metadata"] == {"k": "v"}

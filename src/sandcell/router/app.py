@@ -158,6 +158,8 @@ async def keepalive(request: Request) -> Response:
     req = parse_model(schemas.Keepalive, body) if body.strip() else schemas.Keepalive()
     if req.idle_timeout_s is not None:
         within_lifetime(r.manager.template(record.template), idle_timeout_s=req.idle_timeout_s)
+    if record.state != "running":  # activity: a paused sandbox's clock is its paused TTL
+        record = await persistence.wake(r, record)
     await r.store.touch(record.id, time.time(), req.idle_timeout_s)
     refreshed = await r.store.get_sandbox(record.id)
     if refreshed is None:
