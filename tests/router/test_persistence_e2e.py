@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -130,39 +132,41 @@ def test_resources_show_in_the_sandbox_metrics(server, alice):
         c.delete(f"/v1/sandboxes/{sid}")
 
 
-def test_paused_sandboxes_hold_no_slot_and_a_resume_needs_one(tmp_path):
-    config = "[server]\nmax_sandboxes_per_key = 1\n" + SMALL_TEMPLATE.format(warm_pool=0)
+@contextlib.contextmanager
+def _alone(tmp_path: Path, server_setting: str) -> Iterator[httpx.Client]:
+    """A client of a server of its own with one `[server]` setting; all of it goes after."""
+    config = f"[server]\n{server_setting}\n" + SMALL_TEMPLATE.format(warm_pool=0)
     srv = start_server(tmp_path / "data", config_text=config)
     try:
         with srv.client(srv.create_key("alice")) as c:
-            first = _create(c)
-            assert c.post("/v1/sandboxes", json={}).status_code == 429
-            assert c.post(f"/v1/sandboxes/{first}/pause").status_code == 200
-            second = _create(c)  # the paused one holds no slot
-            full = c.post(f"/v1/sandboxes/{first}/resume")
-            assert full.status_code == 429 and full.json()["error"]["code"] == "RATE_LIMITED"
-            assert _exec(c, first, "true").status_code == 429  # nor does auto-resume pass
-            assert c.get(f"/v1/sandboxes/{first}").json()["state"] == "paused"
-            c.delete(f"/v1/sandboxes/{second}")
-            assert c.post(f"/v1/sandboxes/{first}/resume").json()["state"] == "running"
-            c.delete(f"/v1/sandboxes/{first}")
+            yield c
     finally:
         stop_and_clean(srv)
+
+
+def test_paused_sandboxes_hold_no_slot_and_a_resume_needs_one(tmp_path):
+    with _alone(tmp_path, "max_sandboxes_per_key = 1") as c:
+        first = _create(c)
+        assert c.post("/v1/sandboxes", json={}).status_code == 429
+        assert c.post(f"/v1/sandboxes/{first}/pause").status_code == 200
+        second = _create(c)  # the paused one holds no slot
+        full = c.post(f"/v1/sandboxes/{first}/resume")
+        assert full.status_code == 429 and full.json()["error"]["code"] == "RATE_LIMITED"
+        assert _exec(c, first, "true").status_code == 429  # nor does auto-resume pass
+        assert c.get(f"/v1/sandboxes/{first}").json()["state"] == "paused"
+        c.delete(f"/v1/sandboxes/{second}")
+        assert c.post(f"/v1/sandboxes/{first}/resume").json()["state"] == "running"
+        c.delete(f"/v1/sandboxes/{first}")
 
 
 def test_a_snapshot_over_quota_is_413(tmp_path):
-    config = "[server]\nsnapshot_quota_mb = 1\n" + SMALL_TEMPLATE.format(warm_pool=0)
-    srv = start_server(tmp_path / "data", config_text=config)
-    try:
-        with srv.client(srv.create_key("alice")) as c:
-            sid = _create(c)
-            _exec(c, sid, "head -c 3000000 /dev/urandom > big")
-            r = c.post(f"/v1/sandboxes/{sid}/snapshots")
-            assert r.status_code == 413 and r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
-            assert c.get("/v1/snapshots").json() == {"snapshots": []}
-            c.delete(f"/v1/sandboxes/{sid}")
-    finally:
-        stop_and_clean(srv)
+    with _alone(tmp_path, "snapshot_quota_mb = 1") as c:
+        sid = _create(c)
+        _exec(c, sid, "head -c 3000000 /dev/urandom > big")
+        r = c.post(f"/v1/sandboxes/{sid}/snapshots")
+        assert r.status_code == 413 and r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+        assert c.get("/v1/snapshots").json() == {"snapshots": []}
+        c.delete(f"/v1/sandboxes/{sid}")
 
 
 @pytest.mark.parametrize("verb", ["pause", "resume", "snapshots"])
