@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from sdk.helpers import stop_and_clean
 from support.server import SMALL_TEMPLATE, RunningServer, start_server
@@ -75,6 +77,20 @@ def test_without_auto_resume_a_request_gets_409_until_resumed(server, alice):
         assert resumed.status_code == 200 and resumed.json()["state"] == "running"
         assert resumed.json()["metadata"] == {"k": "v"}
         assert _exec(c, sid, "cat a.txt; echo $X").json()["stdout"] == "kept\n1\n"
+        c.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.parametrize("auto_resume", [True, False])
+def test_a_websocket_to_a_paused_sandbox_wakes_it_or_is_refused(server, alice, auto_resume):
+    with server.client(alice) as c:
+        sid = _create(c, auto_resume=auto_resume)
+        c.post(f"/v1/sandboxes/{sid}/pause")
+        url = "ws" + server.url.removeprefix("http") + f"/v1/sandboxes/{sid}/processes/1/ws"
+        with pytest.raises(InvalidStatus) as refused:  # no process 1 in the new cell either
+            connect(url, additional_headers={"authorization": f"Bearer {alice}"}).close()
+        assert refused.value.response.status_code == (404 if auto_resume else 409)
+        state = c.get(f"/v1/sandboxes/{sid}").json()["state"]
+        assert state == ("running" if auto_resume else "paused")
         c.delete(f"/v1/sandboxes/{sid}")
 
 
