@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import code, e2bsdk, egress, figures, processes
+from bench import code, e2bsdk, egress, figures, persistence, processes
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,6 +39,7 @@ def run(quick: bool) -> list[figures.Row]:
         finally:
             cold.close()
         rows += _image_template(Path(tmp), claims, colds)
+        rows += persistence.figures(Path(tmp), repeats=3 if quick else 5)
     rows += figures.cell_start_and_memory(starts)
     rows += egress.figures(size_mib=64 if quick else 256, repeats=3 if quick else 10, n=n)
     return rows

@@ -24,7 +24,7 @@ from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import network, schemas, templates, websocket
+from sandcell.router import network, persistence, schemas, templates, websocket
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.budget import ByteBudget
 from sandcell.router.fairshare import FairShare
@@ -32,7 +32,7 @@ from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
 from sandcell.router.usage import SandboxMetrics, sandbox_metrics
-from sandcell.store import SandboxRecord, Store
+from sandcell.store import Reservation, SandboxRecord, Store
 
 MIB = 1_048_576
 MAX_API_BODY = MIB
@@ -90,18 +90,24 @@ class Router:
         if (lease := scope.get(BODY_BUDGET)) is not None:
             lease.release()
 
-    async def create(self, principal: Principal, req: schemas.CreateSandbox) -> SandboxRecord:
-        """A sandbox for `principal`, within its key's quota (every façade creates here)."""
-        # Counting and holding a slot in one store step: concurrent creates cannot all pass.
-        reservation = await self.store.reserve_sandbox(
-            principal.name, self.limits.max_sandboxes_per_key
-        )
+    async def reserve(self, owner: str) -> Reservation:
+        """One of the owner's live sandbox slots, for a create or resume in flight; counting
+        and holding are one store step, so concurrent creates cannot all pass."""
+        limit = self.limits.max_sandboxes_per_key
+        reservation = await self.store.reserve_sandbox(owner, limit)
         if reservation is None:
             raise SandcellError(
                 ErrorCode.RATE_LIMITED,
-                f"this key already has {self.limits.max_sandboxes_per_key} sandboxes",
+                f"this key already has {limit} sandboxes",
                 headers={"Retry-After": "5"},
             )
+        return reservation
+
+    async def create(self, principal: Principal, req: schemas.CreateSandbox) -> SandboxRecord:
+        """A sandbox for `principal`, within its key's quota (every façade creates here)."""
+        owner = None if principal.admin else principal.name
+        snapshot = await self.manager.snapshots.owned(owner, req.snapshot) if req.snapshot else None
+        reservation = await self.reserve(principal.name)
         return await self.manager.create_sandbox(
             principal.name,
             req.template,
@@ -111,6 +117,10 @@ class Router:
             metadata=req.metadata,
             network=req.network.policy() if req.network else None,
             reservation=reservation,
+            auto_resume=req.auto_resume,
+            on_timeout=req.on_timeout,
+            snapshot=snapshot,
+            resources=req.resources.model_dump(exclude_none=True) if req.resources else None,
         )
 
     async def delete(self, record: SandboxRecord) -> None:
@@ -162,6 +172,8 @@ async def keepalive(request: Request) -> Response:
     req = parse_model(schemas.Keepalive, body) if body.strip() else schemas.Keepalive()
     if req.idle_timeout_s is not None:
         within_lifetime(r.manager.template(record.template), idle_timeout_s=req.idle_timeout_s)
+    if record.state != "running":  # activity: a paused sandbox's clock is its paused TTL
+        record = await persistence.wake(r, record)
     await r.store.touch(record.id, time.time(), req.idle_timeout_s)
     refreshed = await r.store.get_sandbox(record.id)
     if refreshed is None:
@@ -182,7 +194,7 @@ async def proxy(request: Request) -> Response:
     r = _router(request)
     _, record = await r.owned(request)
     if record.state != "running":
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+        record = await persistence.wake(r, record)
     await r.store.touch(record.id, time.time())
     return await r.proxy.forward(request, record, request.path_params["rest"])
 
@@ -254,6 +266,7 @@ OPERATIONS = (
         errors=(404, 409, 501),
     ),
     *network.OPERATIONS,
+    *persistence.OPERATIONS,
     *(
         Operation(
             m,

@@ -7,7 +7,6 @@ import zlib
 import httpx
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import SandboxException
 
 from sandcell.compat.e2b.files import MAX_UPLOAD
 from support.server import RunningServer
@@ -111,10 +110,16 @@ def test_bad_control_calls(e2b_server: RunningServer, e2b_env: dict[str, str]) -
         }
 
 
-def test_pause_is_refused_in_e2bs_shape(sbx: Sandbox) -> None:
-    with pytest.raises(SandboxException):
-        sbx.pause()
-    assert sbx.is_running()
+def test_pause_keeps_files_and_connect_resumes(sbx: Sandbox) -> None:
+    """E2B's pause maps onto sandcell's (files kept, memory not); connect resumes it."""
+    sbx.files.write("/home/user/kept.txt", "still here")
+    assert sbx.pause() is True
+    assert not sbx.is_running()
+    assert sbx.pause() is False  # E2B's "already paused"
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert again.is_running()
+    assert again.files.read("/home/user/kept.txt") == "still here"
+    assert again.commands.run("echo alive").stdout == "alive\n"
 
 
 def test_metrics(sbx: Sandbox) -> None:

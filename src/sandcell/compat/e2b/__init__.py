@@ -37,7 +37,8 @@ def _routes(control: Control) -> list[ControlRoute]:
         ("POST", rf"/sandboxes/{_ID}/timeout", control.set_timeout),
         ("POST", rf"/(v2/)?sandboxes/{_ID}/connect", control.connect),
         ("GET", rf"/sandboxes/{_ID}/metrics", control.metrics),
-        ("POST", rf"/sandboxes/{_ID}/(pause|resume)", control.unsupported),
+        ("POST", rf"/sandboxes/{_ID}/pause", control.pause),
+        ("POST", rf"/sandboxes/{_ID}/resume", control.resume),
     ]
     return [(method, re.compile(pattern + "$"), fn) for method, pattern, fn in table]
 

@@ -19,6 +19,7 @@ from sandcell.compat.e2b.gateway import Gateway, read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.manager.templates import Template
 from sandcell.router import app as router_app
+from sandcell.router import persistence
 from sandcell.router.usage import sandbox_metrics
 
 ENVD_VERSION = "0.5.7"
@@ -193,8 +194,19 @@ class Control:
             ]
         )
 
-    async def unsupported(self, request: Request, sandbox_id: str) -> Response:
-        raise SandcellError(
-            ErrorCode.NOT_IMPLEMENTED,
-            "pause and resume are not supported by this sandcell server",
+    async def pause(self, request: Request, sandbox_id: str) -> Response:
+        """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
+        an already paused sandbox is E2B's 409, which its SDK reads as "already paused"."""
+        if (await self.get(request, sandbox_id))["state"] == "paused":
+            raise SandcellError(ErrorCode.CONFLICT, f"sandbox {sandbox_id} is already paused")
+        path = f"/v1/sandboxes/{sandbox_id}/pause"
+        await self._call(request, persistence.pause, "POST", path, sandbox_id=sandbox_id)
+        return Response(status_code=204)
+
+    async def resume(self, request: Request, sandbox_id: str) -> Response:
+        path = f"/v1/sandboxes/{sandbox_id}/resume"
+        response = await self._call(
+            request, persistence.resume, "POST", path, sandbox_id=sandbox_id
         )
+        sandbox = await read_json(response)
+        return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 201)
