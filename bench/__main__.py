@@ -10,7 +10,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import code, datapaths, egress, figures, processes
+from bench import code, datapaths, e2bsdk, egress, figures, persistence, processes
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -31,6 +31,7 @@ def run(quick: bool, live: int) -> list[figures.Row]:
             rows += processes.keystroke_round_trips(warm, n)
             rows += figures.many_sandboxes(warm, many)
             rows += code.code_interpreter(warm, n, starts)
+            rows += e2bsdk.commands_run(warm, n)
             rows += datapaths.cli_run(warm, starts)
             rows += datapaths.file_transfers(warm, file_mb, repeats=3)
             rows += datapaths.streamed_stdout(warm, stream_mb, repeats=3)
@@ -44,6 +45,7 @@ def run(quick: bool, live: int) -> list[figures.Row]:
         finally:
             cold.close()
         rows += _image_template(Path(tmp), claims, colds)
+        rows += persistence.figures(Path(tmp), repeats=3 if quick else 5)
     rows += figures.cell_start_and_memory(starts)
     rows += egress.figures(size_mib=64 if quick else 256, repeats=3 if quick else 10, n=n)
     return rows

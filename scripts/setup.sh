@@ -24,4 +24,4 @@ fi
 if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,interpreter]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,interpreter,mcp]'

@@ -44,10 +44,12 @@ __all__ = [
     "SandboxInfo",
     "SandboxMetrics",
     "SandboxNotFoundError",
+    "SandboxPausedError",
     "SandboxTimeoutError",
     "SandboxUnreachableError",
     "SandcellError",
     "ServiceUnavailableError",
+    "SnapshotInfo",
     "__version__",
 ]
 _CLIENT_EXPORTS = frozenset(__all__) - {"__version__"}
@@ -87,10 +89,12 @@ if TYPE_CHECKING:
         SandboxInfo,
         SandboxMetrics,
         SandboxNotFoundError,
+        SandboxPausedError,
         SandboxTimeoutError,
         SandboxUnreachableError,
         SandcellError,
         ServiceUnavailableError,
+        SnapshotInfo,
     )
 
 

@@ -15,6 +15,7 @@ import uvicorn
 
 from sandcell import tokens
 from sandcell.banner import print_banner, store_label
+from sandcell.compat import e2b
 from sandcell.http.guard import guarded_protocol
 from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted, quiet_repeats
@@ -24,7 +25,7 @@ from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.network.egress import EgressService, policy_from_store
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
 from sandcell.router.network import PreviewHosts
-from sandcell.settings import Settings
+from sandcell.settings import MIB, Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
 from sandcell.store import health as store_health
 
@@ -162,6 +163,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             init_timeout_s=settings.init_timeout_s,
             reap_interval_s=settings.reap_interval_s,
             images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
+            snapshot_quota_bytes=settings.snapshot_quota_mb * MIB,
         )
         limits = Limits(
             settings.max_inflight,
@@ -174,6 +176,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
         app = create_app(router)
+        e2b.mount(app)  # E2B's wire protocol under /e2b (SPEC §14)
         if settings.preview_domain:
             app = PreviewHosts(app, settings.preview_domain)
         config = uvicorn.Config(

@@ -35,6 +35,7 @@ SERVER_KEYS = {
     "max_inflight_per_key",
     "body_budget_bytes",
     "body_budget_per_key_bytes",
+    "snapshot_quota_mb",
 }
 MIB = 1_048_576
 
@@ -65,6 +66,7 @@ class Settings:
     max_inflight_per_key: int = 0  # 0: a quarter of max_inflight
     body_budget_bytes: int = 128 * MIB
     body_budget_per_key_bytes: int = 32 * MIB
+    snapshot_quota_mb: int = 10_240  # per principal, all its snapshots together (SPEC §13)
 
     @property
     def cells_dir(self) -> Path:
@@ -98,6 +100,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         connections=_connection_limits(server),
         max_inflight_per_key=_int(server, "max_inflight_per_key", 0, 0, 1_000_000),
         body_budget_bytes=_int(server, "body_budget_bytes", 128 * MIB, MIB, 1 << 40),
+        snapshot_quota_mb=_int(server, "snapshot_quota_mb", 10_240, 0, 1 << 30),
         body_budget_per_key_bytes=_int(server, "body_budget_per_key_bytes", 32 * MIB, MIB, 1 << 40),
     )
     if settings.log_format not in ("text", "json"):

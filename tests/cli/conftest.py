@@ -7,17 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from sdk.helpers import stop_and_clean
-from support.server import RunningServer, start_server
+from sdk.helpers import served
+from support.server import RunningServer
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("cli") / "data", warm_pool=2)
-    try:
-        yield srv
-    finally:
-        stop_and_clean(srv)
+    yield from served(tmp_path_factory.mktemp("cli"), warm_pool=2)
 
 
 @pytest.fixture(scope="module")

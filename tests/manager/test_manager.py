@@ -12,17 +12,10 @@ from sandcell.cellapi.client import DaemonClient
 from sandcell.errors import SandcellError
 from sandcell.manager.backend import LocalBackend
 from sandcell.manager.init import InitFailed
-from sandcell.manager.manager import Manager
 from support.cells import kill_daemon
+from support.sessions import session_client
 
 pytestmark = pytest.mark.anyio
-
-
-async def _client(manager: Manager, sandbox_id: str) -> DaemonClient:
-    record = await manager.store.get_sandbox(sandbox_id)
-    pem = await manager.store.get_session_key(sandbox_id)
-    assert record is not None and pem is not None
-    return DaemonClient(record.endpoint, sandbox_id, tokens.load_private_key(pem))
 
 
 def _cell_dirs(tmp_path: Path) -> list[str]:
@@ -34,7 +27,7 @@ async def test_create_exec_delete(make_manager, tmp_path):
     await manager.start()
     record = await manager.create_sandbox("alice", env={"GREETING": "hi"}, metadata={"k": "v"})
     assert record.state == "running" and record.owner == "alice"
-    with await _client(manager, record.id) as client:
+    with await session_client(manager, record.id) as client:
         assert client.exec("echo $GREETING $(id -u)")["stdout"] == "hi 1000\n"
     assert await manager.delete_sandbox(record.id) is True
     assert await manager.store.get_sandbox(record.id) is None
@@ -63,7 +56,7 @@ async def test_warm_pool_claim_refill_and_health(make_manager, tmp_path, cgroup_
     record = await manager.create_sandbox("alice")
     claim_s = time.monotonic() - started
     assert record.id != dead.sandbox_id
-    with await _client(manager, record.id) as client:
+    with await session_client(manager, record.id) as client:
         assert client.exec("echo warm")["stdout"] == "warm\n"
     assert claim_s < 1.0, claim_s  # no cold start on the claim path
     await pool.wait_full(30)
@@ -80,8 +73,8 @@ class PreInitialisedBackend(LocalBackend):
         super().__init__(cells_dir, cgroup_parent)
         self.bootstrap_key = bootstrap_key
 
-    async def create(self, policy, sandbox_id, bootstrap_pem):
-        handle = await super().create(policy, sandbox_id, bootstrap_pem)
+    async def create(self, policy, sandbox_id, bootstrap_pem, workspace=None):
+        handle = await super().create(policy, sandbox_id, bootstrap_pem, workspace)
         foreign = tokens.mint_bootstrap_token(
             self.bootstrap_key, sandbox_id, tokens.public_pem(tokens.generate_p256())
         )
@@ -142,7 +135,7 @@ async def test_restart_adopts_live_and_cleans_dead(make_manager, tmp_path, cgrou
     assert report["adopted"] == [live.id]
     assert report["dropped"] == [dead.id]
     assert len(report["orphans"]) == 1
-    with await _client(second, live.id) as client:  # the session key still decrypts
+    with await session_client(second, live.id) as client:  # the session key still decrypts
         assert client.exec("echo survived")["stdout"] == "survived\n"
     assert _cell_dirs(tmp_path) == [live.cell["cell_id"]]
     await second.delete_sandbox(live.id)

@@ -12,17 +12,13 @@ from collections.abc import Iterator
 import pytest
 
 from sandcell.client import AsyncSandbox, ClientConfig, Sandbox
-from sdk.helpers import Flavour, stop_and_clean
-from support.server import RunningServer, start_server
+from sdk.helpers import Flavour, served
+from support.server import RunningServer
 
 
 @pytest.fixture(scope="session")
 def sdk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    server = start_server(tmp_path_factory.mktemp("sdk") / "data", warm_pool=2)
-    try:
-        yield server
-    finally:
-        stop_and_clean(server)
+    yield from served(tmp_path_factory.mktemp("sdk"), warm_pool=2)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import inspect
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +14,7 @@ from typing import Any
 
 from sandcell.client import ClientConfig
 from sandcell.isolation.cell import LocalCells
-from support.server import RunningServer
+from support.server import RunningServer, start_server
 
 
 def stop_and_clean(server: RunningServer) -> None:
@@ -22,6 +22,15 @@ def stop_and_clean(server: RunningServer) -> None:
     running (a restart adopts them), and a test that failed may have left some."""
     server.stop()
     LocalCells(server.data_dir / "cells", cgroup_parent="sandcell").destroy_all()
+
+
+def served(base: Path, warm_pool: int) -> Iterator[RunningServer]:
+    """A `sandcell serve` with its data under `base`, for a fixture to yield."""
+    server = start_server(base / "data", warm_pool=warm_pool)
+    try:
+        yield server
+    finally:
+        stop_and_clean(server)
 
 
 @dataclass

@@ -120,3 +120,14 @@ async def test_dangling_api_key_name_is_skipped(store: RedisStore, client: redis
     assert [k.name for k in await store.list_api_keys()] == ["b"]
     assert not await store.revoke_api_key("a")
     assert client.exists("sandcell:apikey:{" + "aa" * 32 + "}") == 0
+
+
+async def test_a_hash_written_before_persistence_reads_with_defaults(
+    store: RedisStore, client: redis.Redis
+) -> None:
+    await store.put_sandbox(make_sandbox("s1"))
+    fields = ("auto_resume", "on_timeout", "lifetime_s", "paused_at", "workspace")
+    client.hdel("sandcell:sbx:{s1}", *fields)
+    old = await store.get_sandbox("s1")
+    assert old is not None and old.auto_resume and old.on_timeout == "delete"
+    assert old.workspace == "" and old.lifetime_s == 0

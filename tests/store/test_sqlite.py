@@ -67,6 +67,22 @@ def test_a_version_1_file_is_upgraded_in_place(db: Path, sealer: Sealer) -> None
     asyncio.run(store.close())
 
 
+def test_a_version_2_file_gains_the_persistence_columns(db: Path, sealer: Sealer) -> None:
+    store = SQLiteStore(db, sealer)
+    asyncio.run(store.put_sandbox(make_sandbox("old", expires_at=time.time() + 3600)))
+    asyncio.run(store.close())
+    with sqlite3.connect(db) as conn:
+        for column in ("auto_resume", "on_timeout", "lifetime_s", "paused_at", "workspace"):
+            conn.execute(f"ALTER TABLE sandboxes DROP COLUMN {column}")
+        conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    store = SQLiteStore(db, sealer)
+    old = asyncio.run(store.get_sandbox("old"))
+    assert old is not None and old.auto_resume and old.on_timeout == "delete"
+    assert old.workspace == "" and old.paused_at == 0.0
+    asyncio.run(store.close())
+
+
 def test_reaper_and_owner_queries_use_indexes(db: Path, sealer: Sealer) -> None:
     asyncio.run(SQLiteStore(db, sealer).close())
     with sqlite3.connect(db) as conn:

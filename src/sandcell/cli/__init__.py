@@ -187,11 +187,13 @@ def doctor() -> None:
 
 
 from sandcell.cli.network import register as _register_network_commands  # noqa: E402
+from sandcell.cli.persistence import register as _register_persistence_commands  # noqa: E402
 from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
 from sandcell.cli.templates import template_app as _template_app  # noqa: E402
 
 _register_client_commands(app)
 _register_network_commands(app)
+_register_persistence_commands(app)
 app.add_typer(_template_app, name="template")
 
 from sandcell.cli.processes import register as _register_process_commands  # noqa: E402
@@ -201,6 +203,10 @@ _register_process_commands(app)
 from sandcell.cli.code import register as _register_code_command  # noqa: E402
 
 _register_code_command(app)
+
+from sandcell.cli.mcp import register as _register_mcp_command  # noqa: E402
+
+_register_mcp_command(app)
 
 
 def main() -> None:

@@ -167,6 +167,9 @@ def create(
     egress: EgressOpt = None,
     allow: AllowOpt = None,
     deny: DenyOpt = None,
+    snapshot: Annotated[
+        str | None, typer.Option("--snapshot", help="start on a copy of this snapshot's files")
+    ] = None,
     json_out: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -184,6 +187,7 @@ def create(
             env=_pairs(env, "--env"),
             metadata=_pairs(metadata, "--metadata"),
             network=network_policy(egress, allow or (), deny or ()) if wanted else None,
+            snapshot=snapshot,
             api_key=api_key,
             url=url,
         )

@@ -34,6 +34,7 @@ from sandcell.client.errors import (
     PayloadTooLargeError,
     RateLimitedError,
     SandboxNotFoundError,
+    SandboxPausedError,
     SandboxTimeoutError,
     SandboxUnreachableError,
     SandcellError,
@@ -46,6 +47,7 @@ from sandcell.client.models import (
     ProcessInfo,
     SandboxInfo,
     SandboxMetrics,
+    SnapshotInfo,
 )
 from sandcell.client.processes import AsyncCommandHandle, CommandHandle
 from sandcell.client.pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle
@@ -98,8 +100,10 @@ __all__ = [
     "SandboxInfo",
     "SandboxMetrics",
     "SandboxNotFoundError",
+    "SandboxPausedError",
     "SandboxTimeoutError",
     "SandboxUnreachableError",
     "SandcellError",
     "ServiceUnavailableError",
+    "SnapshotInfo",
 ]

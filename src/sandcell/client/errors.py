@@ -91,6 +91,12 @@ class TemplateNotReadyError(ConflictError):
     default_code = "TEMPLATE_NOT_READY"
 
 
+class SandboxPausedError(ConflictError):
+    """The sandbox is paused and was created with auto_resume off: `resume()` it first."""
+
+    default_code = "SANDBOX_PAUSED"
+
+
 class AlreadyInitializedError(ConflictError):
     default_code = ErrorCode.ALREADY_INITIALIZED.value
 
@@ -198,6 +204,7 @@ BY_CODE: dict[str, type[SandcellError]] = {
         MethodNotAllowedError,
         ConflictError,
         TemplateNotReadyError,
+        SandboxPausedError,
         AlreadyInitializedError,
         PayloadTooLargeError,
         RateLimitedError,

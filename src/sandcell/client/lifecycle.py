@@ -12,6 +12,7 @@ from sandcell.client.config import ClientConfig, RetryPolicy
 from sandcell.client.errors import InvalidResponseError, SandboxNotFoundError
 from sandcell.client.models import SandboxInfo, SandboxMetrics
 from sandcell.client.network import NetworkOperations
+from sandcell.client.persistence import PersistenceOperations
 from sandcell.client.protocol import Op, Request, call, call_json
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -
     return ClientConfig.resolve(url, api_key, config).retry
 
 
-class SandboxBase(NetworkOperations):
+class SandboxBase(NetworkOperations, PersistenceOperations):
     """State and operations shared by `Sandbox` and `AsyncSandbox`.
 
     Get one from `create` or `connect`; constructing it directly is for the library.
@@ -85,19 +86,34 @@ class SandboxBase(NetworkOperations):
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        snapshot: str | None = None,
+        resources: Mapping[str, float] | None = None,
+        auto_resume: bool = True,
+        on_timeout: str = "delete",
         api_key: str | None = None,
         url: str | None = None,
         config: ClientConfig | None = None,
     ) -> Op[SandboxInfo]:
-        """Create a sandbox from `template`.
+        """Create a sandbox from `template`, or on a copy of `snapshot`'s files.
 
         `timeout`: idle timeout in seconds (no request for this long and the sandbox is
         deleted; the template's default otherwise); `lifetime`: maximum lifetime in seconds;
         `env`: default environment of every command; `metadata`: your labels; `network`: the
-        egress policy, e.g. `{"allow": ["pypi.org"]}` (the template's otherwise). `api_key` and
-        `url` default to SANDCELL_API_KEY and SANDCELL_URL (http://127.0.0.1:8700).
+        egress policy, e.g. `{"allow": ["pypi.org"]}` (the template's otherwise); `resources`:
+        `{"cpus", "memory_mb", "disk_mb"}` within the template's max_*; `auto_resume`: a
+        request to the paused sandbox resumes it (else `SandboxPausedError`); `on_timeout`:
+        "pause" keeps the files when the idle timeout or lifetime ends. `api_key` and `url`
+        default to SANDCELL_API_KEY and SANDCELL_URL (http://127.0.0.1:8700).
         """
         body: dict[str, Any] = {"template": template}
+        if snapshot is not None:
+            body["snapshot"] = snapshot
+        if resources:
+            body["resources"] = dict(resources)
+        if not auto_resume:
+            body["auto_resume"] = False
+        if on_timeout != "delete":
+            body["on_timeout"] = on_timeout
         for name, value in (("idle_timeout_s", timeout), ("max_lifetime_s", lifetime)):
             if value is not None:
                 body[name] = _seconds(value)

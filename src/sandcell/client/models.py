@@ -34,6 +34,9 @@ class SandboxInfo:
     last_activity_at: datetime
     metadata: dict[str, str] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)  # the egress policy in force
+    auto_resume: bool = True
+    on_timeout: str = "delete"
+    resources: dict[str, Any] = field(default_factory=dict)  # the create's own limits
 
     @classmethod
     def from_dict(cls, data: Any) -> SandboxInfo:
@@ -48,6 +51,9 @@ class SandboxInfo:
             last_activity_at=_time(d.get("last_activity_at") or d["created_at"]),
             metadata=dict(d.get("metadata") or {}),
             network=dict(d.get("network") or {}),
+            auto_resume=bool(d.get("auto_resume", True)),
+            on_timeout=str(d.get("on_timeout") or "delete"),
+            resources=dict(d.get("resources") or {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +68,9 @@ class SandboxInfo:
             "last_activity_at": _rfc3339(self.last_activity_at),
             "metadata": dict(self.metadata),
             "network": dict(self.network),
+            "auto_resume": self.auto_resume,
+            "on_timeout": self.on_timeout,
+            "resources": dict(self.resources),
         }
 
 
@@ -226,3 +235,37 @@ class SandboxMetrics:
             disk_limit_bytes=int(d["disk_limit_bytes"]),
             at=_time(d["at"]),
         )
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A copy of a sandbox's workspace (files only: memory is not kept)."""
+
+    id: str
+    sandbox_id: str
+    name: str | None
+    template: str
+    created_at: datetime
+    size_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SnapshotInfo:
+        d = _fields(data, "id", "sandbox_id", "template", "created_at", "size_bytes")
+        return cls(
+            id=str(d["id"]),
+            sandbox_id=str(d["sandbox_id"]),
+            name=None if d.get("name") is None else str(d["name"]),
+            template=str(d["template"]),
+            created_at=_time(d["created_at"]),
+            size_bytes=int(d["size_bytes"]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "sandbox_id": self.sandbox_id,
+            "name": self.name,
+            "template": self.template,
+            "created_at": _rfc3339(self.created_at),
+            "size_bytes": self.size_bytes,
+        }

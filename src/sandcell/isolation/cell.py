@@ -50,6 +50,9 @@ UID_REGISTRY = Path("/run/sandcell-uids")
 DEFAULT_UID_BASE = 200_000
 DEFAULT_UID_COUNT = 10_000
 START_TIMEOUT_S = 20.0
+# In a cell's dir: where its workspace goes when the cell is destroyed, instead of being deleted
+# (a pause, SPEC §13). Written before the workspace moves in, so no crash can lose it.
+WORKSPACE_HOME = "workspace.home"
 _ID_ALPHABET = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
@@ -108,18 +111,40 @@ class LocalCells:
     # -- lifecycle -------------------------------------------------------------------------
 
     def create(
-        self, cell_id: str, policy: CellPolicy, sandbox_id: str, bootstrap_public_pem: bytes
+        self,
+        cell_id: str,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_public_pem: bytes,
+        workspace: Path | None = None,
     ) -> CellInfo:
-        """Starts a cell and waits until its daemon answers /health; cleans up on failure."""
+        """Starts a cell and waits until its daemon answers /health; cleans up on failure.
+
+        `workspace`: a kept workspace (an image or a directory) to run on instead of a new
+        one; it goes back where it was if the cell is destroyed, failed starts included."""
+        if workspace is not None and not workspace.exists():
+            raise CellError(f"the kept workspace {workspace} is gone")
         cell_dir = self.cells_dir / _check_id(cell_id)
         cell_dir.mkdir(mode=0o700)
         try:
-            info = self._start(cell_dir, cell_id, policy, sandbox_id, bootstrap_public_pem)
+            if workspace is not None:
+                self.keep_workspace(cell_id, workspace)
+            info = self._start(cell_dir, cell_id, policy, (sandbox_id, bootstrap_public_pem))
             self._wait_healthy(cell_id, Path(info.uds))
             return info
         except BaseException:
             self.destroy(cell_id)
             raise
+
+    def keep_workspace(self, cell_id: str, home: Path) -> None:
+        """From now on destroying the cell moves its workspace to `home` instead of deleting
+        it. Atomic (a crash leaves the old marker or the new one); no-op for a gone cell."""
+        cell_dir = self.cells_dir / _check_id(cell_id)
+        if not cell_dir.is_dir():
+            return
+        partial = cell_dir / f"{WORKSPACE_HOME}.partial"
+        partial.write_text(str(home))
+        os.replace(partial, cell_dir / WORKSPACE_HOME)
 
     def destroy(self, cell_id: str) -> None:
         """Kills every process of the cell and removes all it had on the host. Idempotent,
@@ -145,12 +170,42 @@ class LocalCells:
                 proc.kill()
             proc.wait()
         disk.release_workspace(cell_dir / "workspace")
+        _send_workspace_home(cell_dir)
         shutil.rmtree(cell_dir, ignore_errors=True)
         if info is not None and self.privileged:
             with contextlib.suppress(OSError):
                 claim = UID_REGISTRY / str(info.uid)
                 if claim.read_text() == str(cell_dir):
                     claim.unlink()
+
+    def copy_workspace(self, cell_id: str, dest: Path) -> int:
+        """A consistent copy of a live cell's workspace at `dest`: its processes are frozen
+        and its filesystem synced while it is taken, then thawed. Returns its bytes."""
+        cell_dir = self.cells_dir / _check_id(cell_id)
+        info = self._read_info(cell_dir)
+        if info is None:
+            raise CellError(f"cell {cell_id} is gone")
+        cg = self.cgroups.open(info.cgroup) if self.cgroups and info.cgroup else None
+        image = cell_dir / "disk.img"
+        with cg.frozen() if cg is not None else contextlib.nullcontext(False):
+            disk.sync_filesystem(Path(info.workspace))
+            return disk.copy_workspace(image if image.exists() else Path(info.workspace), dest)
+
+    def workspace_bytes(self, cell_id: str) -> int:
+        """What a copy of the live workspace would take, once what the cell wrote is
+        flushed to its image (until then the image's blocks undercount it)."""
+        cell_dir = self.cells_dir / _check_id(cell_id)
+        image, workspace = cell_dir / "disk.img", cell_dir / "workspace"
+        disk.sync_filesystem(workspace)
+        return disk.allocated_bytes(image if image.exists() else workspace)
+
+    def thaw(self, cell_id: str) -> None:
+        """Undoes a freeze that a crash mid-snapshot left on the cell."""
+        info = self._read_info(self.cells_dir / _check_id(cell_id))
+        if info is not None and info.cgroup and self.cgroups:
+            cg = self.cgroups.open(info.cgroup)
+            if cg is not None:
+                cg.thaw()
 
     def list(self) -> list[CellInfo]:
         infos = []
@@ -177,12 +232,19 @@ class LocalCells:
     # -- internals -------------------------------------------------------------------------
 
     def _start(
-        self, cell_dir: Path, cell_id: str, policy: CellPolicy, sandbox_id: str, pem: bytes
+        self, cell_dir: Path, cell_id: str, policy: CellPolicy, identity: tuple[str, bytes]
     ) -> CellInfo:
+        """`identity` is the sandbox id and the bootstrap public key."""
         uid = self._allocate_uid(cell_dir) if self.privileged else os.geteuid()
         workspace, run_dir = cell_dir / "workspace", cell_dir / "run"
         quota = policy.require("disk_quota", *disk.loop_quota_available())
-        if quota:
+        kept = _kept_workspace(cell_dir)
+        if kept is not None:
+            # The kind it was made as: an image where quotas were on, else a directory.
+            target = workspace if kept.is_dir() else cell_dir / "disk.img"
+            os.rename(kept, target)
+            disk.adopt_workspace(target, workspace, uid)
+        elif quota:
             disk.create_quota_workspace(cell_dir / "disk.img", workspace, policy.disk_mb, uid)
         else:
             disk.create_plain_workspace(workspace, uid)
@@ -198,7 +260,7 @@ class LocalCells:
         )
         (cell_dir / "meta.json").write_text(json.dumps(asdict(info)))
         with _listen(info.uds) as listener:
-            self._spawn(cell_dir, info, policy, (sandbox_id, pem), cgroup, listener)
+            self._spawn(cell_dir, info, policy, identity, cgroup, listener)
         return info
 
     def _allocate_uid(self, cell_dir: Path) -> int:
@@ -321,6 +383,29 @@ def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
     below memory_mb so that filling them is an ENOSPC for the writer, not an OOM kill."""
     mib = 1024 * 1024
     return min(policy.disk_mb, policy.memory_mb // 2) * mib, policy.memory_mb // 8 * mib
+
+
+def _kept_workspace(cell_dir: Path) -> Path | None:
+    """The kept workspace a cell is to run on, while it is still where the manager kept it."""
+    try:
+        home = Path((cell_dir / WORKSPACE_HOME).read_text())
+    except OSError:
+        return None
+    return home if home.exists() else None
+
+
+def _send_workspace_home(cell_dir: Path) -> None:
+    """A destroyed cell's workspace goes back home if it has one (see WORKSPACE_HOME); the
+    workspace is already unmounted, so an image moves whole."""
+    try:
+        home = Path((cell_dir / WORKSPACE_HOME).read_text())
+    except OSError:
+        return
+    image, workspace = cell_dir / "disk.img", cell_dir / "workspace"
+    source = image if image.exists() else workspace
+    if source.exists() and not home.exists():
+        home.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.rename(source, home)
 
 
 def _stale_claim(claim: Path) -> bool:

@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 REQUIRED_CONTROLLERS = ("memory", "pids", "cpu")
@@ -156,6 +156,25 @@ class CellCgroup(abc.ABC):
                 else:
                     break
 
+    @contextlib.contextmanager
+    def frozen(self, timeout_s: float = 2.0) -> Iterator[bool]:
+        """Every process of the cell stopped while the block runs (they cannot tell), then
+        thawed; yields whether the freeze took (a v1 host may have no freezer hierarchy)."""
+        took = self._freeze(True, timeout_s)
+        try:
+            yield took
+        finally:
+            self._freeze(False, timeout_s)
+
+    def thaw(self) -> None:
+        """Undoes a freeze a crash left in place (idempotent)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._freeze(False, 1.0)
+
+    @abc.abstractmethod
+    def _freeze(self, on: bool, timeout_s: float) -> bool:
+        """Freeze or thaw; when freezing, wait until it took. False: no freezer here."""
+
     @abc.abstractmethod
     def oom_kills(self) -> int:
         """How many of the cell's processes the OOM killer has killed."""
@@ -247,6 +266,16 @@ class _V1Cell(CellCgroup):
     def memory_peak_bytes(self) -> int:
         return int(_read(os.path.join(self._memory, "memory.max_usage_in_bytes")))
 
+    def _freeze(self, on: bool, timeout_s: float) -> bool:
+        if not self._freezer:
+            return False
+        state = os.path.join(self._freezer, "freezer.state")
+        _write(state, "FROZEN" if on else "THAWED")
+        if not on:
+            return True
+        _wait_until(lambda: _read(state).strip() == "FROZEN", timeout_s)
+        return _read(state).strip() == "FROZEN"  # FREEZING: a task in uninterruptible sleep
+
     def _kill_everything(self) -> None:
         """v1 has no cgroup.kill: freeze, list and kill, thaw (so that the killed can exit).
 
@@ -329,6 +358,14 @@ class _V2Cell(CellCgroup):
 
     def memory_peak_bytes(self) -> int:
         return int(_read(os.path.join(self._path, "memory.peak")))
+
+    def _freeze(self, on: bool, timeout_s: float) -> bool:
+        _write(os.path.join(self._path, "cgroup.freeze"), "1" if on else "0")
+        if not on:
+            return True
+        events = os.path.join(self._path, "cgroup.events")
+        _wait_until(lambda: _keyed(events).get("frozen") == 1, timeout_s)
+        return _keyed(events).get("frozen") == 1
 
     def _kill_everything(self) -> None:
         """One write makes the kernel kill the whole subtree, new forks included."""

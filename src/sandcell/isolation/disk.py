@@ -8,6 +8,7 @@ only what it wrote.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import subprocess
@@ -58,6 +59,18 @@ def create_quota_workspace(image: Path, mountpoint: Path, size_mb: int, uid: int
         (mountpoint / "lost+found").rmdir()
 
 
+def adopt_workspace(source: Path, mountpoint: Path, uid: int) -> None:
+    """A kept workspace (an image, or a directory at `mountpoint` already) for a new cell
+    whose host uid is `uid`: mounted, and its files handed to that uid (they belonged to the
+    cell that made them; the tenant makes no file as anyone else)."""
+    if source != mountpoint:
+        mountpoint.mkdir(mode=0o700, exist_ok=True)
+        run_checked(["mount", "-o", MOUNT_OPTIONS, str(source), str(mountpoint)])
+    if mountpoint.stat().st_uid != uid:
+        # -R without -L never follows a symlink: the tenant's links are chowned themselves.
+        run_checked(["chown", "-R", "-P", f"{uid}:{uid}", str(mountpoint)])
+
+
 def create_plain_workspace(mountpoint: Path, uid: int) -> None:
     mountpoint.mkdir(mode=0o700, exist_ok=True)
     os.chown(mountpoint, uid, uid)
@@ -77,3 +90,53 @@ def release_workspace(mountpoint: Path) -> None:
         # Something still holds it open (a racing reader on the host): detach lazily so the
         # tree can be removed now; the kernel frees it when the last reference goes.
         run_checked(["umount", "--lazy", str(mountpoint)])
+
+
+def allocated_bytes(path: Path) -> int:
+    """What a workspace (an image or a directory) takes on disk: a sparse image's holes are
+    free, so this, not its apparent size, is what a copy of it costs."""
+    if not path.is_dir():
+        return path.stat().st_blocks * 512
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def sync_filesystem(mountpoint: Path) -> None:
+    """Everything written to the workspace's filesystem reaches its image (syncfs(2))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {mountpoint}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def copy_workspace(source: Path, dest: Path) -> int:
+    """A copy of a workspace at `dest`, published whole by a rename (a crash leaves at most a
+    `.partial` beside it); holes stay holes, and blocks are shared where the filesystem can
+    (reflink). Returns the bytes the copy takes. Fails cleanly (nothing left) on ENOSPC."""
+    dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    try:
+        run_checked(
+            ["cp", "-a", "--sparse=always", "--reflink=auto", "-T", str(source), str(partial)]
+        )
+        os.rename(partial, dest)
+    except BaseException:
+        remove_tree(partial)
+        raise
+    return allocated_bytes(dest)
+
+
+def remove_tree(path: Path) -> None:
+    """Deletes a workspace or a copy of one, image or directory; no-op if absent."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from sandcell.cellapi import health
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.isolation import usage
+from sandcell.isolation import disk, usage
 from sandcell.isolation.cell import CellInfo, LocalCells, new_cell_id
 from sandcell.isolation.policy import CellPolicy, IsolationUnavailable
 from sandcell.isolation.usage import CellUsage
@@ -32,22 +32,48 @@ class Backend(Protocol):
     name: str
 
     async def create(
-        self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes
-    ) -> CellHandle: ...
+        self,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_pem: bytes,
+        workspace: str | None = None,
+    ) -> CellHandle:
+        """A started cell; on `workspace` (a `workspace_home`) instead of a new one if given."""
+        ...
 
     async def destroy(self, cell: dict[str, Any]) -> None: ...
+
+    def workspace_home(self, sandbox_id: str) -> str:
+        """Where a paused sandbox's workspace is kept (SPEC §13); 501 where none can be."""
+        ...
+
+    async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
+        """Destroying the cell from now on moves its workspace to `home`, not deleting it."""
+        ...
+
+    async def discard_workspace(self, home: str) -> None:
+        """Deletes a kept workspace or a snapshot; no-op if there is none."""
+        ...
+
+    def snapshot_path(self, snapshot_id: str) -> str:
+        """Where a snapshot's copy lives; 501 where snapshots cannot be taken."""
+        ...
+
+    async def workspace_bytes(self, cell: dict[str, Any] | None, home: str) -> int:
+        """What a copy of the workspace would take: the live cell's, or (None) the kept one."""
+        ...
+
+    async def copy_workspace(self, cell: dict[str, Any] | None, home: str, dest: str) -> int:
+        """A consistent copy at `dest` (the live cell frozen meanwhile); its bytes."""
+        ...
+
+    async def thaw(self, cell: dict[str, Any]) -> None:
+        """Undoes a freeze that a crash mid-snapshot left on the cell."""
+        ...
 
     async def list(self) -> list[CellHandle]: ...
 
     async def healthy(self, endpoint: dict[str, Any]) -> bool: ...
-
-    async def _forget_destroyed(self) -> None:
-        """Closes the listeners of cells that another replica on this host destroyed (their
-        sockets would keep the dead cell's network namespace alive)."""
-        gone = [c for c in self._sandbox_of if not (self.cells.cells_dir / c).exists()]
-        for cell_id in gone:
-            if self.egress is not None:
-                await self.egress.detach(self._sandbox_of.pop(cell_id))
 
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         """A live cell found after a restart is kept: reattach what this process serves it."""
@@ -97,11 +123,18 @@ class LocalBackend:
             )
         return self._neighbours[cells_dir]
 
-    async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+    async def create(
+        self,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_pem: bytes,
+        workspace: str | None = None,
+    ) -> CellHandle:
         await self._forget_destroyed()
         cell_id = new_cell_id()
+        kept = Path(workspace) if workspace else None
         info = await asyncio.to_thread(
-            self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem
+            self.cells.create, cell_id, policy, sandbox_id, bootstrap_pem, kept
         )
         try:
             await self._attach_egress(sandbox_id, info)
@@ -146,6 +179,36 @@ class LocalBackend:
         if sandbox_id is not None and self.egress is not None:
             await self.egress.detach(sandbox_id)
         await asyncio.to_thread(self._cells_of(cell).destroy, str(cell["cell_id"]))
+
+    def workspace_home(self, sandbox_id: str) -> str:
+        # Beside the cells dir, not in it: a kept workspace is no cell's.
+        return str(self.cells.cells_dir.parent / "workspaces" / sandbox_id)
+
+    async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
+        cells = self._cells_of(cell)
+        await asyncio.to_thread(cells.keep_workspace, str(cell["cell_id"]), Path(home))
+
+    async def discard_workspace(self, home: str) -> None:
+        if home:  # "": none was kept (never Path(""), which is the current directory)
+            await asyncio.to_thread(disk.remove_tree, Path(home))
+
+    def snapshot_path(self, snapshot_id: str) -> str:
+        return str(self.cells.cells_dir.parent / "snapshots" / snapshot_id)
+
+    async def workspace_bytes(self, cell: dict[str, Any] | None, home: str) -> int:
+        if cell is None:
+            return await asyncio.to_thread(disk.allocated_bytes, Path(home))
+        cells = self._cells_of(cell)
+        return await asyncio.to_thread(cells.workspace_bytes, str(cell["cell_id"]))
+
+    async def copy_workspace(self, cell: dict[str, Any] | None, home: str, dest: str) -> int:
+        if cell is None:
+            return await asyncio.to_thread(disk.copy_workspace, Path(home), Path(dest))
+        cells = self._cells_of(cell)
+        return await asyncio.to_thread(cells.copy_workspace, str(cell["cell_id"]), Path(dest))
+
+    async def thaw(self, cell: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._cells_of(cell).thaw, str(cell["cell_id"]))
 
     async def list(self) -> list[CellHandle]:
         infos = await asyncio.to_thread(self.cells.list)

@@ -20,10 +20,12 @@ from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize
+from sandcell.manager.persistence import MOVING, Persistence
 from sandcell.manager.pool import WarmCell, WarmPool
+from sandcell.manager.snapshots import DEFAULT_QUOTA_BYTES, Snapshots
 from sandcell.manager.templates import Template
 from sandcell.network.environment import proxy_env
-from sandcell.store import Reservation, SandboxRecord, Store
+from sandcell.store import Reservation, SandboxRecord, SnapshotRecord, Store
 
 log = logging.getLogger("sandcell.manager")
 
@@ -56,6 +58,7 @@ class Manager:
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         reap_interval_s: float = DEFAULT_REAP_INTERVAL_S,
         images: TemplateImages | None = None,
+        snapshot_quota_bytes: int = DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
         self.images = images or TemplateImages(None)
@@ -66,13 +69,15 @@ class Manager:
         self.init_timeout_s = init_timeout_s
         self.reap_interval_s = reap_interval_s
         self.pools = {
-            name: WarmPool(name, t.warm_pool, lambda t=t: self._prepare(t), backend)
+            name: WarmPool(name, t.warm_pool, lambda t=t: self.prepare(t), backend)
             for name, t in templates.items()
         }
         self.init_failures = 0
         self._reaper: asyncio.Task[None] | None = None
         self._deleting: dict[str, asyncio.Lock] = {}
         self._unhealthy: dict[str, int] = {}
+        self.persistence = Persistence(self)
+        self.snapshots = Snapshots(self, snapshot_quota_bytes)
 
     # -- service lifecycle ----------------------------------------------------------------
 
@@ -84,6 +89,8 @@ class Manager:
                 counted(len(found["adopted"]), "live sandbox", "live sandboxes"),
                 counted(len(found["dropped"]), "dead one", "dead ones"),
             )
+        if removed := await self.snapshots.remove_orphans():
+            log.info("removed %s", counted(len(removed), "unfinished snapshot", "ones"))
         self.images.on_ready(lambda _: self._refill_ready_pools())
         self._refill_ready_pools()  # the others fill once their image is built
         self._reaper = asyncio.ensure_future(self._reap_forever())
@@ -137,33 +144,51 @@ class Manager:
         metadata: dict[str, str] | None = None,
         network: Any = None,
         reservation: Reservation | None = None,
+        auto_resume: bool = True,
+        on_timeout: str = "delete",
+        snapshot: SnapshotRecord | None = None,
+        resources: dict[str, Any] | None = None,
     ) -> SandboxRecord:
-        """A running sandbox; the record takes `reservation`'s slot, which is given back if
-        the create fails. On failure nothing of the sandbox is left."""
+        """A running sandbox (on a copy of `snapshot`'s workspace if given); the record takes
+        `reservation`'s slot, which is given back if the create fails. On failure nothing of
+        the sandbox is left."""
+        home = ""
         try:
+            template_name = _template_of(template_name, snapshot)
             template = self.template(template_name)
             within_lifetime(template, idle_timeout_s=idle_timeout_s, max_lifetime_s=max_lifetime_s)
             policy = template.network_policy(network)  # 400 malformed, 403 wider than the cap
             env = env or {}
             validate_env(env)  # before any cell is made: the daemon would refuse it at init
+            own = template.resources(resources)  # 400 beyond the template's max_*
+            resources = own if own != template.resources() else {}
             # Pooled cells were initialised before anyone's env was known, with the proxy
             # variables of the template's default policy.
             init_env = {**proxy_env(policy), **env}
             pooled = not env and proxy_env(policy) == proxy_env(template.egress_policy())
-            warm = await self.pools[template_name].claim() if pooled else None
-            if warm is None:
-                warm = await self._prepare(template, init_env)
+            if snapshot is not None:
+                sandbox_id = new_sandbox_id()
+                home = await self.snapshots.workspace_from(snapshot, sandbox_id)
+                warm = await self.prepare(
+                    template, init_env, sandbox_id=sandbox_id, workspace=home, resources=resources
+                )
+            else:
+                warm = await self.pools[template_name].claim() if pooled and not resources else None
+                warm = warm or await self.prepare(template, init_env, resources=resources)
         except BaseException:
-            await _each_step(lambda: self._release(reservation))
+            await _each_step(
+                lambda: self._release(reservation), lambda: self.backend.discard_workspace(home)
+            )
             raise
         now = time.time()
+        lifetime_s = max_lifetime_s or template.max_lifetime_s
         record = SandboxRecord(
             id=warm.sandbox_id,
             owner=owner,
             template=template_name,
             state="running",
             created_at=now,
-            expires_at=now + (max_lifetime_s or template.max_lifetime_s),
+            expires_at=now + lifetime_s,
             idle_timeout_s=idle_timeout_s or template.idle_timeout_s,
             last_activity_at=now,
             metadata=metadata or {},
@@ -172,6 +197,11 @@ class Manager:
             endpoint=warm.handle.endpoint,
             cell=warm.handle.cell,
             network=policy.public(),
+            auto_resume=auto_resume,
+            on_timeout=on_timeout,
+            lifetime_s=lifetime_s,
+            workspace=home,
+            resources=resources,
         )
         try:
             await self.store.put_sandbox(record, reservation)
@@ -181,6 +211,7 @@ class Manager:
             # very thing that failed.
             await _each_step(
                 lambda: self.backend.destroy(warm.handle.cell),
+                lambda: self.backend.discard_workspace(home),
                 lambda: self.store.delete_sandbox(record.id),
                 lambda: self._release(reservation),
             )
@@ -191,14 +222,28 @@ class Manager:
         if reservation is not None:
             await self.store.release_reservation(reservation)
 
-    async def _prepare(self, template: Template, env: dict[str, str] | None = None) -> WarmCell:
-        """A started and initialised cell; on any failure nothing of it is left."""
-        sandbox_id = new_sandbox_id()
+    async def prepare(
+        self,
+        template: Template,
+        env: dict[str, str] | None = None,
+        *,
+        sandbox_id: str | None = None,
+        workspace: str | None = None,
+        resources: dict[str, Any] | None = None,
+    ) -> WarmCell:
+        """A started and initialised cell, for a new sandbox or (`sandbox_id`, `workspace`) a
+        resumed one, with the sandbox's own `resources`; on any failure nothing of the cell
+        is left."""
+        sandbox_id = sandbox_id or new_sandbox_id()
         policy = await self.images.policy_for(template)
+        if resources:
+            policy = template.policy_with(policy, resources)
         if env is None:  # a pool's cell: the template's default policy
             env = proxy_env(template.egress_policy())
         try:
-            handle: CellHandle = await self.backend.create(policy, sandbox_id, self.bootstrap_pem)
+            handle: CellHandle = await self.backend.create(
+                policy, sandbox_id, self.bootstrap_pem, workspace
+            )
         except IsolationUnavailable as exc:
             raise SandcellError(
                 ErrorCode.ISOLATION_UNAVAILABLE, str(exc), {"layer": exc.layer}
@@ -238,11 +283,20 @@ class Manager:
                 if record is None:
                     return False
                 await self.store.update_state(sandbox_id, "deleting")
-                await self.backend.destroy(record.cell)
-                return await self.store.delete_sandbox(sandbox_id)
+                await self._forget(record, record.cell)
+                return True
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
+
+    async def _forget(self, record: SandboxRecord, cell: dict[str, Any] | None) -> None:
+        """Everything of a sandbox goes: its cell if any, its kept workspace, its record
+        (last: until then a restart finds it and finishes the job)."""
+        if cell is not None:
+            await self.backend.destroy(cell)
+        if record.workspace:
+            await self.backend.discard_workspace(record.workspace)
+        await self.store.delete_sandbox(record.id)
 
     async def remove_image(self, name: str) -> bool:
         """Deletes a template's built image when no sandbox of the template lives; its warm
@@ -264,13 +318,28 @@ class Manager:
     # -- expiry and reconciliation --------------------------------------------------------
 
     async def reap_once(self, now: float | None = None) -> list[str]:
-        """Deletes sandboxes past their idle or lifetime deadline, and those whose daemon
-        died."""
+        """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
+        created with on_timeout "pause"; paused ones past their paused TTL and those whose
+        daemon died are deleted."""
         due = await self.store.due_for_reaping(now or time.time(), limit=500)
-        due += await self._dead_daemons(set(due))
+        dead = await self._dead_daemons(set(due))
         for sandbox_id in due:
+            await self._expire(sandbox_id)
+        for sandbox_id in dead:
             await self.delete_sandbox(sandbox_id)
-        return due
+        return due + dead
+
+    async def _expire(self, sandbox_id: str) -> None:
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or record.state in MOVING:
+            return  # gone, or moving: whoever moves it owns it now
+        if record.state == "running" and record.on_timeout == "pause":
+            try:
+                await self.persistence.pause(sandbox_id)
+                return
+            except SandcellError as exc:  # no workspace can be kept here (501): deleted
+                log.warning("sandbox %s could not be paused: %s", sandbox_id, exc.message)
+        await self.delete_sandbox(sandbox_id)
 
     async def _dead_daemons(self, skip: set[str]) -> list[str]:
         """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
@@ -310,26 +379,46 @@ class Manager:
     async def reconcile(self) -> dict[str, list[str]]:
         """After a restart: adopt live cells that the store knows, clean up the rest."""
         cells = {_key(h.cell): h for h in await self.backend.list()}
-        adopted, dropped = [], []
+        adopted, dropped, moving = [], [], []
         for record in await self.store.list_sandboxes():
             if not self.backend.owns(record.cell):
                 continue  # another replica's cell: that replica reconciles it
+            if record.state == "snapshotting":  # thawed and back to running or paused
+                record = await self.persistence.settle(record)
             handle = cells.pop(_key(record.cell), None)
+            if record.state in ("pausing", "resuming"):
+                moving.append(record)  # settled once the orphan cells are gone
+            if record.state in ("paused", "pausing", "resuming"):
+                continue
             if handle is not None and await self.backend.healthy(handle.endpoint):
                 await self.backend.adopt(record.id, handle)
                 adopted.append(record.id)
                 continue
-            if handle is not None:
-                await self.backend.destroy(handle.cell)
-            await self.store.delete_sandbox(record.id)
+            await self._forget(record, None if handle is None else handle.cell)
             dropped.append(record.id)
-        for handle in cells.values():  # pool cells and cells whose record never landed
+        # Pool cells, cells whose record never landed, and a resume's new cell: a destroyed
+        # cell that kept a workspace sends it home first.
+        for handle in cells.values():
             await self.backend.destroy(handle.cell)
+        for record in moving:
+            await self.persistence.settle(record)
         return {
             "adopted": adopted,
             "dropped": dropped,
             "orphans": [str(_key(h.cell)) for h in cells.values()],
         }
+
+
+def _template_of(requested: str, snapshot: SnapshotRecord | None) -> str:
+    """A sandbox from a snapshot runs the snapshot's template (its image and limits made
+    the workspace); asking for another one is a 400."""
+    if snapshot is None or requested in (snapshot.template, "default"):
+        return snapshot.template if snapshot is not None else requested
+    raise SandcellError(
+        ErrorCode.BAD_REQUEST,
+        f"snapshot {snapshot.id} is of template {snapshot.template!r}, not {requested!r}",
+        {"snapshot": snapshot.id, "template": snapshot.template},
+    )
 
 
 def within_lifetime(template: Template, **requested: int | None) -> None:

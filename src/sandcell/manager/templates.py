@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,13 @@ from pydantic import (
 )
 
 from sandcell.cellapi.environment import DEFAULT_INHERIT
-from sandcell.errors import SandcellError
+from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.images.spec import ImageSpec
 from sandcell.isolation.policy import LAYERS, CellPolicy
 from sandcell.network.policy import MODES, Mode, NetworkPolicy, parse_policy, within_cap
 
 DEFAULT_TEMPLATE = "default"
+RESOURCES = ("cpus", "memory_mb", "disk_mb")
 CODE_INTERPRETER = "code-interpreter"
 
 
@@ -46,6 +48,11 @@ class Template(BaseModel):
     network_internal: bool = False
     idle_timeout_s: int = Field(300, ge=1, le=604_800)
     max_lifetime_s: int = Field(3600, ge=1, le=2_592_000)
+    paused_ttl_s: int = Field(604_800, ge=1, le=31_536_000)  # a paused sandbox, then deleted
+    # The most a create's `resources` may ask for (SPEC §13); unset: the defaults above.
+    max_cpus: float | None = Field(None, gt=0, le=1024)
+    max_memory_mb: int | None = Field(None, ge=16, le=1_048_576)
+    max_disk_mb: int | None = Field(None, ge=16, le=16_777_216)
     warm_pool: int = Field(2, ge=0, le=1000)
     inherit_env: tuple[str, ...] = DEFAULT_INHERIT
     allow_degraded: tuple[str, ...] = ()
@@ -108,6 +115,27 @@ class Template(BaseModel):
             code_python=self.code_python,
             pod_image=self.image.oci,
         )
+
+    def resources(self, requested: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A sandbox's cpus, memory_mb and disk_mb: the request's within this template's
+        max_* (400 beyond), the template's own for what it leaves out."""
+        effective: dict[str, Any] = {}
+        for name in RESOURCES:
+            default = getattr(self, name)
+            cap = getattr(self, f"max_{name}") or default
+            value = (requested or {}).get(name)
+            if value is not None and value > cap:
+                raise SandcellError(
+                    ErrorCode.BAD_REQUEST,
+                    f"resources.{name} may not exceed the template's max_{name} ({cap})",
+                    {"field": f"resources.{name}", "limit": cap},
+                )
+            effective[name] = default if value is None else value
+        return effective
+
+    def policy_with(self, policy: CellPolicy, resources: dict[str, Any]) -> CellPolicy:
+        """`policy` (this template's) with a sandbox's own resources."""
+        return dataclasses.replace(policy, **self.resources(resources))
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -17,13 +17,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from sandcell import __version__
+from sandcell.compat import agentcube
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import BODY_BUDGET, parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
 from sandcell.manager.manager import Manager, within_lifetime
-from sandcell.router import network, schemas, templates, websocket
+from sandcell.router import network, persistence, schemas, templates, websocket
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.budget import ByteBudget
 from sandcell.router.fairshare import FairShare
@@ -31,7 +32,7 @@ from sandcell.router.metrics import RouterMetrics
 from sandcell.router.middleware import RequestContext
 from sandcell.router.proxy import DaemonProxy
 from sandcell.router.usage import SandboxMetrics, sandbox_metrics
-from sandcell.store import SandboxRecord, Store
+from sandcell.store import Reservation, SandboxRecord, Store
 
 MIB = 1_048_576
 MAX_API_BODY = MIB
@@ -74,15 +75,57 @@ class Router:
         body out of its key's byte budget (both given back by `release`)."""
         client = request.client.host if request.client else "unknown"
         principal = await self.auth.authenticate(request.headers.get("authorization"), client)
-        self.fair_share.admit(request.scope, principal.name)
-        request.scope.setdefault(BODY_BUDGET, self.bodies.lease(principal.name))
+        self.hold(request.scope, principal.name)
         return principal
+
+    def hold(self, scope: Scope, name: str) -> None:
+        """Makes the request count against `name`'s in-flight slots and body budget (also for
+        a request authorised by a credential other than an API key, for its owner's key)."""
+        self.fair_share.admit(scope, name)
+        scope.setdefault(BODY_BUDGET, self.bodies.lease(name))
 
     def release(self, scope: Scope) -> None:
         """At the end of a request, whatever `principal` made it hold."""
         self.fair_share.release(scope)
         if (lease := scope.get(BODY_BUDGET)) is not None:
             lease.release()
+
+    async def reserve(self, owner: str) -> Reservation:
+        """One of the owner's live sandbox slots, for a create or resume in flight; counting
+        and holding are one store step, so concurrent creates cannot all pass."""
+        limit = self.limits.max_sandboxes_per_key
+        reservation = await self.store.reserve_sandbox(owner, limit)
+        if reservation is None:
+            raise SandcellError(
+                ErrorCode.RATE_LIMITED,
+                f"this key already has {limit} sandboxes",
+                headers={"Retry-After": "5"},
+            )
+        return reservation
+
+    async def create(self, principal: Principal, req: schemas.CreateSandbox) -> SandboxRecord:
+        """A sandbox for `principal`, within its key's quota (every façade creates here)."""
+        owner = None if principal.admin else principal.name
+        snapshot = await self.manager.snapshots.owned(owner, req.snapshot) if req.snapshot else None
+        reservation = await self.reserve(principal.name)
+        return await self.manager.create_sandbox(
+            principal.name,
+            req.template,
+            idle_timeout_s=req.idle_timeout_s,
+            max_lifetime_s=req.max_lifetime_s,
+            env=req.env,
+            metadata=req.metadata,
+            network=req.network.policy() if req.network else None,
+            reservation=reservation,
+            auto_resume=req.auto_resume,
+            on_timeout=req.on_timeout,
+            snapshot=snapshot,
+            resources=req.resources.model_dump(exclude_none=True) if req.resources else None,
+        )
+
+    async def delete(self, record: SandboxRecord) -> None:
+        self.proxy.forget(record)
+        await self.manager.delete_sandbox(record.id)
 
     async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
         """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
@@ -106,24 +149,7 @@ async def create_sandbox(request: Request) -> Response:
     r = _router(request)
     principal = await r.principal(request)
     req = parse_model(schemas.CreateSandbox, await read_body(request, MAX_API_BODY))
-    # Counting and holding a slot in one store step: concurrent creates cannot all pass.
-    reservation = await r.store.reserve_sandbox(principal.name, r.limits.max_sandboxes_per_key)
-    if reservation is None:
-        raise SandcellError(
-            ErrorCode.RATE_LIMITED,
-            f"this key already has {r.limits.max_sandboxes_per_key} sandboxes",
-            headers={"Retry-After": "5"},
-        )
-    record = await r.manager.create_sandbox(
-        principal.name,
-        req.template,
-        idle_timeout_s=req.idle_timeout_s,
-        max_lifetime_s=req.max_lifetime_s,
-        env=req.env,
-        metadata=req.metadata,
-        network=req.network.policy() if req.network else None,
-        reservation=reservation,
-    )
+    record = await r.create(principal, req)
     return JSONResponse(schemas.sandbox_view(record), status_code=201)
 
 
@@ -146,6 +172,8 @@ async def keepalive(request: Request) -> Response:
     req = parse_model(schemas.Keepalive, body) if body.strip() else schemas.Keepalive()
     if req.idle_timeout_s is not None:
         within_lifetime(r.manager.template(record.template), idle_timeout_s=req.idle_timeout_s)
+    if record.state != "running":  # activity: a paused sandbox's clock is its paused TTL
+        record = await persistence.wake(r, record)
     await r.store.touch(record.id, time.time(), req.idle_timeout_s)
     refreshed = await r.store.get_sandbox(record.id)
     if refreshed is None:
@@ -158,8 +186,7 @@ async def delete_sandbox(request: Request) -> Response:
     when the caller has none by that id, another principal's included (not revealed)."""
     r = _router(request)
     _, record = await r.owned(request)
-    r.proxy.forget(record)
-    await r.manager.delete_sandbox(record.id)
+    await r.delete(record)
     return Response(status_code=204)
 
 
@@ -167,7 +194,7 @@ async def proxy(request: Request) -> Response:
     r = _router(request)
     _, record = await r.owned(request)
     if record.state != "running":
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+        record = await persistence.wake(r, record)
     await r.store.touch(record.id, time.time())
     return await r.proxy.forward(request, record, request.path_params["rest"])
 
@@ -239,6 +266,7 @@ OPERATIONS = (
         errors=(404, 409, 501),
     ),
     *network.OPERATIONS,
+    *persistence.OPERATIONS,
     *(
         Operation(
             m,
@@ -250,6 +278,7 @@ OPERATIONS = (
         for m in _PROXY_METHODS
     ),
     *templates.OPERATIONS,
+    *agentcube.OPERATIONS,
     Operation("GET", "/healthz", healthz, "Liveness", secured=False),
     Operation(
         "GET", "/readyz", readyz, "Readiness (the store answers)", secured=False, errors=(503,)

@@ -35,16 +35,17 @@ async def sandbox_metrics(request: Request) -> Response:
         raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
     used = await r.manager.backend.usage(record.cell)
     template = r.manager.template(record.template)
+    own = template.resources(record.resources)  # the create's, within the template's max_*
     metrics = SandboxMetrics(
         cpu_used_s=used.cpu_used_s,
         cpu_percent=used.cpu_percent,
-        cpus=template.cpus,
+        cpus=own["cpus"],
         memory_bytes=used.memory_bytes,
-        memory_limit_bytes=template.memory_mb * MIB,
+        memory_limit_bytes=own["memory_mb"] * MIB,
         pids=used.pids,
         pids_limit=template.pids_max,
         disk_used_bytes=used.disk_used_bytes,
-        disk_limit_bytes=template.disk_mb * MIB,
+        disk_limit_bytes=own["disk_mb"] * MIB,
         at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
     )
     return JSONResponse(metrics.model_dump())

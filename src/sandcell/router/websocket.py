@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from sandcell import tokens
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.errors import error_response
+from sandcell.router import persistence
 from sandcell.router.proxy import CONNECT_TIMEOUT_S, _daemon_target
 from sandcell.store import SandboxRecord
 
@@ -119,7 +120,7 @@ async def _open_upstream(
     principal, record = await r.owned(websocket)
     stack.enter_context(_sessions(websocket).hold(principal.name))
     if record.state != "running":
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+        record = await persistence.wake(r, record)  # a paused one resumes, or 409
     target = _daemon_target(websocket, websocket.path_params["rest"])  # type: ignore[arg-type]
     key = await r.proxy.signing_key(record.id)
     token = tokens.mint_request_token(key, record.id, "GET", target)

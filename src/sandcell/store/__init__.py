@@ -9,7 +9,7 @@ from .crypto import (
     new_api_key,
 )
 from .factory import open_store
-from .records import STATES, ApiKeyRecord, SandboxRecord, State
+from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State
 
 __all__ = [
     "STATES",
@@ -18,6 +18,7 @@ __all__ = [
     "Reservation",
     "SandboxRecord",
     "Sealer",
+    "SnapshotRecord",
     "State",
     "Store",
     "StoreCryptoError",

@@ -6,13 +6,13 @@ import json
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 from .crypto import Sealer
-from .records import STATES, ApiKeyRecord, SandboxRecord, State
+from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State
 
 FieldValue = str | int | float | bytes
 SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed session private key
@@ -130,8 +130,29 @@ class Store(ABC):
         """Delete the record and its session key in one atomic step; False if already gone."""
 
     @abstractmethod
+    async def transition(self, rec: SandboxRecord, expected: Sequence[str]) -> bool:
+        """Replace the record's fields (its session key is kept) only if its stored state is
+        one of `expected`, in one atomic step: of several callers (replicas) moving a sandbox
+        out of the same state, exactly one wins (SPEC §13 pause, resume)."""
+
+    @abstractmethod
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         """Overwrite some stored fields of an existing sandbox; never create one."""
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def put_snapshot(self, rec: SnapshotRecord) -> None: ...
+
+    @abstractmethod
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None: ...
+
+    @abstractmethod
+    async def list_snapshots(self, owner: str | None = None) -> list[SnapshotRecord]:
+        """All snapshots, or one owner's, oldest first."""
+
+    @abstractmethod
+    async def delete_snapshot(self, snapshot_id: str) -> bool: ...
 
     # -- session keys (sealed, bound to the sandbox id) ---------------------------------------
 

@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, Self, get_args, get_origin, get_type_hints
 
-State = Literal["creating", "running", "deleting", "failed"]
+State = Literal[
+    "creating", "running", "deleting", "failed", "pausing", "paused", "resuming", "snapshotting"
+]
 STATES: frozenset[str] = frozenset(get_args(State))
+# A sandbox in one of these holds no cell: it counts against no live limit (SPEC §13).
+PARKED_STATES: tuple[str, ...] = ("paused",)
 
 Flat = dict[str, str | int | float]
 
@@ -67,8 +71,10 @@ class _Record:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """Build from `to_dict` or `to_flat` output, or a raw row/hash (extra keys are ignored)."""
-        return cls(**{name: decode(data[name]) for name, decode in _decoders(cls).items()})
+        """Build from `to_dict` or `to_flat` output, or a raw row/hash (extra keys are ignored).
+        A field absent from a hash written by an older version (None) takes its default."""
+        values = {name: data[name] for name in _decoders(cls)}
+        return cls(**{n: _decoders(cls)[n](v) for n, v in values.items() if v is not None})
 
     def to_flat(self) -> Flat:
         flat: Flat = {}
@@ -98,6 +104,15 @@ class SandboxRecord(_Record):
     endpoint: dict[str, str | int] = field(default_factory=dict)
     cell: dict[str, str | int] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)  # the egress policy (SPEC §11)
+    # Persistence (SPEC §13). While paused, `expires_at` is when the paused TTL ends and
+    # `last_activity_at` equals it (so the idle term never comes first); `paused_at` is when
+    # the pause happened, 0 while running. `lifetime_s` restarts the lifetime on resume.
+    auto_resume: bool = True
+    on_timeout: str = "delete"
+    lifetime_s: int = 0
+    paused_at: float = 0.0
+    workspace: str = ""  # the backend's place for the workspace while no cell holds it
+    resources: dict[str, Any] = field(default_factory=dict)  # cpus, memory_mb, disk_mb
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -106,6 +121,21 @@ class SandboxRecord(_Record):
     @property
     def deadline(self) -> float:
         return deadline_of(self.expires_at, self.last_activity_at, self.idle_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord(_Record):
+    """A copy of a sandbox's workspace (SPEC §13), owned by the principal that took it.
+    Written only once the copy is whole at `path`, so a listed snapshot is never half."""
+
+    id: str
+    owner: str
+    sandbox_id: str
+    name: str
+    template: str
+    created_at: float
+    size_bytes: int
+    path: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:{idx}:idle            zset    id -> last_activity_at + idle_timeout_s (lower bound)
     sandcell:{idx}:owner:<owner>   zset    id -> when the entry was written
     sandcell:quota:{<owner>}       zset    id -> expires_at; reservation token -> its lease's end
+    sandcell:snap:{<id>}           hash    SnapshotRecord.to_flat()
+    sandcell:{idx}:snaps           zset    snapshot id -> created_at
     sandcell:apikey:{<key hash>}   hash    ApiKeyRecord.to_flat()
     sandcell:{apikeys}:names       hash    name -> key hash
     sandcell:secret:{<name>}       string  sealed value
@@ -42,16 +44,18 @@ from redis.asyncio import Redis
 
 from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
-from .records import ApiKeyRecord, SandboxRecord, deadline_of
+from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, deadline_of
 
 STALE_GRACE_S = 60.0
 
 EXPIRY_INDEX = "sandcell:{idx}:expiry"
 IDLE_INDEX = "sandcell:{idx}:idle"
 API_KEY_NAMES = "sandcell:{apikeys}:names"
+SNAPSHOT_INDEX = "sandcell:{idx}:snaps"
 
 _SBX_FIELDS = SandboxRecord.fields()
 _KEY_FIELDS = ApiKeyRecord.fields()
+_SNAP_FIELDS = SnapshotRecord.fields()
 _DEADLINE_FIELDS = ("expires_at", "last_activity_at", "idle_timeout_s")
 
 # Every script touches a single key, so they are safe on a cluster.
@@ -65,6 +69,20 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 return 1
+"""
+
+# ARGV: the number n of expected states, those n states, then field/value pairs.
+_HSET_IF_STATE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+local n = tonumber(ARGV[1])
+for i = 2, n + 1 do
+  if ARGV[i] == state then
+    redis.call('HSET', KEYS[1], unpack(ARGV, n + 2))
+    return 1
+  end
+end
+return 0
 """
 
 _RESERVE = """
@@ -90,6 +108,10 @@ def _owner_index(owner: str) -> str:
 
 def _quota_key(owner: str) -> str:
     return f"sandcell:quota:{{{owner}}}"
+
+
+def _snapshot_key(snapshot_id: str) -> str:
+    return f"sandcell:snap:{{{snapshot_id}}}"
 
 
 def _api_key_key(key_hash: str) -> str:
@@ -236,11 +258,53 @@ class RedisStore(Store):
                 await p.execute()
         return deleted == 1
 
+    async def transition(self, rec: SandboxRecord, expected: Sequence[str]) -> bool:
+        pairs = itertools.chain.from_iterable(rec.to_flat().items())
+        args = (len(expected), *expected, *pairs)
+        if not await self._r.eval(_HSET_IF_STATE, 1, _sandbox_key(rec.id), *args):
+            return False
+        # The indexes follow the winner; a crash before this leaves a deadline that
+        # due_for_reaping checks against the hash, and a quota entry that ends by itself.
+        async with self._r.pipeline(transaction=False) as p:
+            p.zadd(EXPIRY_INDEX, {rec.id: rec.expires_at})
+            p.zadd(IDLE_INDEX, {rec.id: rec.last_activity_at + rec.idle_timeout_s})
+            if rec.state in PARKED_STATES:
+                p.zrem(_quota_key(rec.owner), rec.id)
+            else:
+                p.zadd(_quota_key(rec.owner), {rec.id: rec.expires_at})
+            await p.execute()
+        return True
+
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         return bool(await _hset_if_exists(self._r, _sandbox_key(sandbox_id), fields))
 
     async def _get_session_blob(self, sandbox_id: str) -> bytes | None:
         return await self._r.hget(_sandbox_key(sandbox_id), SESSION_KEY_FIELD)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def put_snapshot(self, rec: SnapshotRecord) -> None:
+        # Hash first, index second: a crash between leaves a snapshot nobody lists, never a
+        # listed one that is not there (the index is what listing and quotas read).
+        await self._r.hset(_snapshot_key(rec.id), mapping=rec.to_flat())
+        await self._r.zadd(SNAPSHOT_INDEX, {rec.id: rec.created_at})
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        values = await self._r.hmget(_snapshot_key(snapshot_id), _SNAP_FIELDS)
+        return _from_hmget(SnapshotRecord, values)
+
+    async def list_snapshots(self, owner: str | None = None) -> list[SnapshotRecord]:
+        ids = [m.decode() for m in await self._r.zrange(SNAPSHOT_INDEX, 0, -1)]
+        rows = await self._hmget_many(list(map(_snapshot_key, ids)), _SNAP_FIELDS)
+        records = [_from_hmget(SnapshotRecord, row) for row in rows]
+        return [r for r in records if r is not None and owner in (None, r.owner)]
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        async with self._r.pipeline(transaction=False) as p:
+            p.zrem(SNAPSHOT_INDEX, snapshot_id)
+            p.delete(_snapshot_key(snapshot_id))
+            _, deleted = await p.execute()
+        return deleted == 1
 
     # -- API keys -----------------------------------------------------------------------------
 

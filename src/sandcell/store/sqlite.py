@@ -20,11 +20,20 @@ from typing import Any
 
 from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
 from .crypto import Sealer
-from .records import ApiKeyRecord, SandboxRecord
+from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord
 
-SCHEMA_VERSION = 2  # kept in PRAGMA user_version; 2 added `reservations` and `network`
-# Version 1 files gain the new column here; new tables come from _SCHEMA (IF NOT EXISTS).
-_FROM_V1 = "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'"
+# Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns.
+SCHEMA_VERSION = 3
+# Older files gain the new columns here; new tables come from _SCHEMA (IF NOT EXISTS).
+_ADDED_COLUMNS = {
+    "network": "TEXT NOT NULL DEFAULT '{}'",
+    "auto_resume": "INTEGER NOT NULL DEFAULT 1",
+    "on_timeout": "TEXT NOT NULL DEFAULT 'delete'",
+    "lifetime_s": "INTEGER NOT NULL DEFAULT 0",
+    "paused_at": "REAL NOT NULL DEFAULT 0",
+    "workspace": "TEXT NOT NULL DEFAULT ''",
+    "resources": "TEXT NOT NULL DEFAULT '{}'",
+}
 BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
@@ -43,6 +52,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     endpoint         TEXT NOT NULL,  -- JSON
     cell             TEXT NOT NULL,  -- JSON
     network          TEXT NOT NULL DEFAULT '{}',  -- JSON, since version 2
+    auto_resume      INTEGER NOT NULL DEFAULT 1,  -- these six since version 3
+    on_timeout       TEXT NOT NULL DEFAULT 'delete',
+    lifetime_s       INTEGER NOT NULL DEFAULT 0,
+    paused_at        REAL NOT NULL DEFAULT 0,
+    workspace        TEXT NOT NULL DEFAULT '',
+    resources        TEXT NOT NULL DEFAULT '{}',  -- JSON
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
@@ -64,6 +79,17 @@ CREATE TABLE IF NOT EXISTS reservations (  -- sandbox slots held by creates in f
     until REAL NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS reservations_by_owner ON reservations (owner);
+CREATE TABLE IF NOT EXISTS snapshots (  -- since version 3
+    id         TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    template   TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    path       TEXT NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS snapshots_by_owner ON snapshots (owner, created_at);
 CREATE TABLE IF NOT EXISTS secrets (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL  -- sealed
@@ -78,6 +104,13 @@ _UPSERT_SANDBOX = (
     f"VALUES ({', '.join(':' + c for c in SandboxRecord.fields())}) "
     "ON CONFLICT (id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in SandboxRecord.fields()[1:])
+)
+_PARKED = ", ".join("?" * len(PARKED_STATES))
+_SET_ALL = ", ".join(f"{c} = :{c}" for c in SandboxRecord.fields()[1:])
+_SNAP_COLS = ", ".join(SnapshotRecord.fields())
+_INSERT_SNAPSHOT = (
+    f"INSERT INTO snapshots ({_SNAP_COLS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in SnapshotRecord.fields())})"
 )
 _INSERT_KEY = (
     f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
@@ -103,8 +136,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
-            if columns and "network" not in columns:
-                conn.execute(_FROM_V1)
+            for name, decl in _ADDED_COLUMNS.items():
+                if columns and name not in columns:
+                    conn.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {decl}")
             for statement in _SCHEMA.split(";\n"):  # IF NOT EXISTS: new tables and indexes
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -169,9 +203,10 @@ class SQLiteStore(Store):
             conn.execute("DELETE FROM reservations WHERE until <= ?", (now,))
             # Like Redis's quota set: a sandbox past its lifetime is the reaper's, not a slot.
             held = conn.execute(
-                "SELECT (SELECT COUNT(*) FROM sandboxes WHERE owner = ? AND expires_at > ?)"
+                "SELECT (SELECT COUNT(*) FROM sandboxes WHERE owner = ? AND expires_at > ?"  # noqa: S608
+                f" AND state NOT IN ({_PARKED}))"
                 " + (SELECT COUNT(*) FROM reservations WHERE owner = ?)",
-                (owner, now, owner),
+                (owner, now, *PARKED_STATES, owner),
             ).fetchone()[0]
             if held >= limit:
                 return None
@@ -215,6 +250,12 @@ class SQLiteStore(Store):
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         return self._write("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,)) == 1
 
+    async def transition(self, rec: SandboxRecord, expected: Sequence[str]) -> bool:
+        marks = ", ".join(f":s{i}" for i in range(len(expected)))
+        sql = f"UPDATE sandboxes SET {_SET_ALL} WHERE id = :id AND state IN ({marks})"  # noqa: S608
+        params = {**rec.to_flat(), **{f"s{i}": state for i, state in enumerate(expected)}}
+        return self._write(sql, params) == 1
+
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         assignments = ", ".join(f"{name} = ?" for name in fields)  # names are ours, not input
         sql = f"UPDATE sandboxes SET {assignments} WHERE id = ?"  # noqa: S608
@@ -226,6 +267,23 @@ class SQLiteStore(Store):
             (sandbox_id,),
         )
         return rows[0][0] if rows else None
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def put_snapshot(self, rec: SnapshotRecord) -> None:
+        self._write(_INSERT_SNAPSHOT, rec.to_flat())
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        rows = self._read(f"SELECT {_SNAP_COLS} FROM snapshots WHERE id = ?", (snapshot_id,))  # noqa: S608
+        return SnapshotRecord.from_dict(rows[0]) if rows else None
+
+    async def list_snapshots(self, owner: str | None = None) -> list[SnapshotRecord]:
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+        sql = f"SELECT {_SNAP_COLS} FROM snapshots {where} ORDER BY created_at, id"  # noqa: S608
+        return [SnapshotRecord.from_dict(row) for row in self._read(sql, params)]
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return self._write("DELETE FROM snapshots WHERE id = ?", (snapshot_id,)) == 1
 
     # -- API keys -----------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx2
 import lightkube
@@ -128,7 +128,13 @@ class KubernetesBackend:
             },
         )
 
-    async def create(self, policy: CellPolicy, sandbox_id: str, bootstrap_pem: bytes) -> CellHandle:
+    async def create(
+        self,
+        policy: CellPolicy,
+        sandbox_id: str,
+        bootstrap_pem: bytes,
+        workspace: str | None = None,
+    ) -> CellHandle:
         if policy not in self._shapes:
             raise ValueError("no configured template has this policy")
         template, deadline = self._shapes[policy]
@@ -239,6 +245,36 @@ class KubernetesBackend:
             "use the cluster's metrics (kubectl top pod)",
             {"backend": self.name, "pod": cell.get("pod")},
         )
+
+    def _not_yet(self, subject: str) -> NoReturn:
+        """Pods keep no workspace past their end yet (PersistentVolumeClaims and
+        VolumeSnapshots would): docs/kubernetes.md says so."""
+        raise SandcellError(
+            ErrorCode.NOT_IMPLEMENTED,
+            "pause, resume and snapshots are not available on the Kubernetes backend yet",
+            {"backend": self.name, "subject": subject},
+        )
+
+    def workspace_home(self, sandbox_id: str) -> str:
+        self._not_yet(sandbox_id)
+
+    async def keep_workspace(self, cell: dict[str, Any], home: str) -> None:
+        self._not_yet(home)
+
+    async def discard_workspace(self, home: str) -> None:
+        """Nothing is ever kept (see `_not_yet`)."""
+
+    def snapshot_path(self, snapshot_id: str) -> str:
+        self._not_yet(snapshot_id)
+
+    async def workspace_bytes(self, cell: dict[str, Any] | None, home: str) -> int:
+        self._not_yet(home)
+
+    async def copy_workspace(self, cell: dict[str, Any] | None, home: str, dest: str) -> int:
+        self._not_yet(dest)
+
+    async def thaw(self, cell: dict[str, Any]) -> None:
+        """Pods are never frozen."""
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -1,0 +1,1 @@
+"""Façades that translate foreign sandbox protocols into sandcell's own API."""

@@ -1,0 +1,85 @@
+"""Calls to a sandbox's daemon on behalf of a façade request: built as an in-process request
+and sent through the router's `DaemonProxy`, so it is signed (a single-use token bound to the
+method, path and body) and counted as activity exactly like a call to `/v1/sandboxes/...`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Message
+
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.store import SandboxRecord
+
+
+async def send(
+    request: Request,
+    record: SandboxRecord,
+    method: str,
+    target: str,
+    body: bytes = b"",
+    content_type: str | None = None,
+) -> Response:
+    """The daemon's streamed answer to `method target` (`target` is its /v1/... path)."""
+    router = request.app.state.router
+    path, _, query = target.partition("?")
+    headers = [(b"content-length", str(len(body)).encode())]
+    if content_type is not None:
+        headers.append((b"content-type", content_type.encode()))
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": headers,
+        "app": request.app,
+    }
+    await router.store.touch(record.id, time.time())
+    inner = Request(scope, _once(body))
+    return await router.proxy.forward(inner, record, path.removeprefix("/v1/"), target=target)
+
+
+def _once(body: bytes) -> Any:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def json_of(response: Response) -> Any:
+    """The daemon's JSON answer; its error (SPEC §1 shape) is raised as the same error."""
+    data = await _drain(response)
+    if response.status_code >= 400:
+        raise _daemon_error(response.status_code, data)
+    try:
+        return json.loads(data) if data else None
+    except ValueError as exc:
+        raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox answered oddly") from exc
+
+
+async def _drain(response: Response) -> bytes:
+    assert isinstance(response, StreamingResponse)
+    try:
+        return b"".join([bytes(chunk) async for chunk in response.body_iterator])
+    finally:
+        if response.background is not None:
+            await response.background()
+
+
+def _daemon_error(status: int, data: bytes) -> SandcellError:
+    try:
+        error = json.loads(data)["error"]
+        return SandcellError(ErrorCode(error["code"]), str(error["message"]), error.get("details"))
+    except (ValueError, KeyError, TypeError):
+        return SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"the sandbox answered {status}")

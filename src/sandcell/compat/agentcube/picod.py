@@ -1,0 +1,189 @@
+"""PicoD's API (agentcube's in-sandbox daemon) in terms of sandcell's daemon API.
+
+- `POST api/execute` `{command: [argv] or str, timeout: "30s", working_dir, env}`:
+  `POST /v1/exec`, answered `{stdout, stderr, exit_code, duration, start_time, end_time}`
+- `POST api/files`, JSON `{path, content: base64, mode}` or multipart (`path`, `file`):
+  `PUT /v1/files?path=`, answered `{path, size, mode, modified}`
+- `GET api/files?path=D`: `GET /v1/files/list`, answered `{files: [{name, size, modified,
+  mode, is_dir}]}`
+- `GET api/files/<path>`: `GET /v1/files?path=`, the bytes streamed
+- `GET health`: the session lookup itself
+
+`mode` is not applied: sandcell writes files 0644 (run scripts with their interpreter).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import stat
+from datetime import UTC, datetime, timedelta
+from email.message import Message
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sandcell.compat.agentcube import daemon
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import parse_model, read_body
+from sandcell.store import SandboxRecord
+
+MAX_JSON_BODY = 8 * 1_048_576
+MAX_UPLOAD_BODY = 64 * 1_048_576
+DEFAULT_TIMEOUT_S = 30.0
+MAX_TIMEOUT_S = 86_400.0
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class ExecuteRequest(BaseModel):
+    command: list[str] | str = Field(min_length=1)
+    timeout: str | float | None = None
+    working_dir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class UploadRequest(BaseModel):
+    path: str = Field(min_length=1)
+    content: str
+    mode: str | None = None
+
+
+def go_duration_s(value: str | float | None) -> float:
+    """Seconds of a Go duration ("30s", "1m30s", "500ms") or a number of seconds."""
+    if value is None or value == "":
+        return DEFAULT_TIMEOUT_S
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif value and _GO_DURATION.sub("", value) == "":
+        seconds = sum(float(n) * _UNIT_S[u] for n, u in _GO_DURATION.findall(value))
+    else:
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid timeout {value!r}")
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"timeout must be in (0, {MAX_TIMEOUT_S:g}] s")
+    return seconds
+
+
+async def execute(request: Request, record: SandboxRecord, _: str) -> Response:
+    req = parse_model(ExecuteRequest, await read_body(request, MAX_JSON_BODY))
+    timeout_s = go_duration_s(req.timeout)
+    body = {"command": req.command, "timeout_s": timeout_s, "env": req.env}
+    if req.working_dir:
+        body["cwd"] = req.working_dir
+    started = datetime.now(UTC)
+    exec_body = json.dumps(body).encode()
+    result = await daemon.json_of(
+        await daemon.send(request, record, "POST", "/v1/exec", exec_body, "application/json")
+    )
+    stderr = result["stderr"]
+    if result.get("timed_out"):  # PicoD's words, which agentcube users may match on
+        stderr += f"Command timed out after {timeout_s:.0f} seconds"
+    duration = float(result.get("duration_s") or 0.0)
+    return JSONResponse(
+        {
+            "stdout": result["stdout"],
+            "stderr": stderr,
+            "exit_code": result["exit_code"],
+            "duration": duration,
+            "start_time": started.isoformat(),
+            "end_time": (started + timedelta(seconds=duration)).isoformat(),
+        }
+    )
+
+
+async def upload(request: Request, record: SandboxRecord, _: str) -> Response:
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        body = await read_body(request, MAX_UPLOAD_BODY)
+        path, data = _multipart_file(content_type, body)
+    else:
+        req = parse_model(UploadRequest, await read_body(request, MAX_UPLOAD_BODY))
+        path, data = req.path, _base64(req.content)
+    target = _file_target(path)
+    entry = await daemon.json_of(
+        await daemon.send(request, record, "PUT", target, data, "application/octet-stream")
+    )
+    return JSONResponse(_file_info(entry))
+
+
+def _base64(content: str) -> bytes:
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "content is not valid base64") from None
+
+
+def _multipart_file(content_type: str, body: bytes) -> tuple[str, bytes]:
+    """(path, file bytes) of a PicoD multipart upload: fields `path` and `file`."""
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    message = BytesParser(policy=HTTP).parsebytes(head + body)
+    fields: dict[str, Message] = {}
+    if message.is_multipart():
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            if isinstance(name, str):
+                fields.setdefault(name, part)
+    if "path" not in fields or "file" not in fields:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "a multipart upload needs 'path' and 'file'")
+    path = (fields["path"].get_payload(decode=True) or b"").decode("utf-8", "replace")
+    if not path:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' field")
+    return path, fields["file"].get_payload(decode=True) or b""
+
+
+async def list_files(request: Request, record: SandboxRecord, _: str) -> Response:
+    path = request.query_params.get("path", "")
+    if not path:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' query parameter")
+    target = f"/v1/files/list?path={quote(path, safe='')}&depth=1"
+    listing = await daemon.json_of(await daemon.send(request, record, "GET", target))
+    files = [
+        {
+            "name": e["name"],
+            "size": e["size"],
+            "modified": e["modified"],
+            "mode": _go_mode(e),
+            "is_dir": e["type"] == "dir",
+        }
+        for e in listing["entries"]
+    ]
+    return JSONResponse({"files": files})
+
+
+async def download(request: Request, record: SandboxRecord, path: str) -> Response:
+    """The file's bytes, streamed from the daemon as they come."""
+    remote = path.removeprefix("api/files/").lstrip("/")
+    if not remote:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "missing file path")
+    return await daemon.send(request, record, "GET", _file_target(remote))
+
+
+async def health(request: Request, record: SandboxRecord, _: str) -> Response:
+    return JSONResponse({"status": "ok", "sandbox_id": record.id})
+
+
+def _file_target(path: str) -> str:
+    return f"/v1/files?path={quote(path, safe='')}"
+
+
+def _file_info(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "path": entry["path"],
+        "size": entry["size"],
+        "mode": _go_mode(entry),
+        "modified": entry["modified"],
+    }
+
+
+def _go_mode(entry: dict[str, Any]) -> str:
+    """Go's `FileMode.String()` ("-rw-r--r--", "drwxr-xr-x"), which PicoD reports."""
+    kinds = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
+    mode = stat.filemode(int(entry["mode"], 8) | kinds.get(entry["type"], stat.S_IFREG))
+    return "L" + mode[1:] if entry["type"] == "symlink" else mode

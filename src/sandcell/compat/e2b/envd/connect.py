@@ -1,0 +1,77 @@
+"""Connect RPC with the JSON codec, the little of it envd needs.
+
+Unary: `POST /<package.Service>/<Method>`, `application/json` both ways, errors as
+`{"code", "message"}` with an HTTP status. Server streams: `application/connect+json`,
+each message in an envelope of one flag byte and a big-endian u32 length; the last envelope
+has flag 0x02 and carries the end of the stream, `{}` or `{"error": {...}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sandcell.compat.e2b.bodies import json_object
+from sandcell.compat.e2b.errors import connect_error
+from sandcell.errors import ErrorCode, SandcellError
+
+END_STREAM = 0x02
+COMPRESSED = 0x01
+HEADER = struct.Struct(">BI")
+MAX_MESSAGE = 1_048_576
+STREAM_MEDIA = "application/connect+json"
+
+
+def envelope(message: dict[str, Any], flags: int = 0) -> bytes:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    return HEADER.pack(flags, len(data)) + data
+
+
+def end_stream(error: dict[str, str] | None = None) -> bytes:
+    return envelope({"error": error} if error else {}, END_STREAM)
+
+
+def first_message(body: bytes) -> dict[str, Any]:
+    """The one request message of a server stream, out of its envelope."""
+    if len(body) < HEADER.size:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "a Connect envelope needs 5 bytes")
+    flags, length = HEADER.unpack_from(body)
+    if flags & COMPRESSED:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "compressed envelopes are not supported")
+    if length > MAX_MESSAGE or HEADER.size + length > len(body):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the envelope's length is wrong")
+    return json_object(body[HEADER.size : HEADER.size + length])
+
+
+async def stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Envelopes for `events`, then the end of the stream (with the error that cut it)."""
+    try:
+        async for event in events:
+            yield envelope(event)
+    except SandcellError as exc:
+        yield end_stream(connect_error(exc))
+        return
+    yield end_stream()
+
+
+def integer(value: Any, name: str, default: int = 0) -> int:
+    """A JSON integer field (proto3 JSON may send 64-bit ones as strings), or a 400."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdecimal() and value.isascii():
+        return int(value)
+    raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be an integer")
+
+
+def obj(message: dict[str, Any], name: str) -> dict[str, Any]:
+    """A nested message field: {} when absent, a 400 when it is not an object."""
+    value = message.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be an object")
+    return value

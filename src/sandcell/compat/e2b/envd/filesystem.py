@@ -1,0 +1,104 @@
+"""envd's `filesystem.Filesystem` service on sandcell's /v1/files routes (SPEC §2.4)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from typing import Any
+
+from sandcell.compat.e2b.envd.connect import integer
+from sandcell.compat.e2b.gateway import Gateway, read_json
+from sandcell.compat.e2b.paths import to_e2b, to_workspace
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.store import SandboxRecord
+
+TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
+KIND_BITS = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
+
+
+def entry_info(entry: dict[str, Any]) -> dict[str, Any]:
+    """An envd EntryInfo for a sandcell entry."""
+    mode = int(entry.get("mode", "0"), 8)
+    return {
+        "name": entry["name"],
+        "type": TYPES.get(entry["type"], "FILE_TYPE_UNSPECIFIED"),
+        "path": to_e2b(entry["path"]),
+        "size": str(entry.get("size", 0)),
+        "mode": mode,
+        "permissions": stat.filemode(KIND_BITS.get(entry["type"], 0) | mode),
+        "owner": "user",
+        "group": "user",
+        "modifiedTime": entry.get("modified"),
+        "isSymlink": entry["type"] == "symlink",
+    }
+
+
+def path_of(message: dict[str, Any], field: str = "path") -> str:
+    value = message.get(field)
+    if not isinstance(value, str) or not value:
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"{field} is required")
+    return to_workspace(value)
+
+
+async def _stat(gateway: Gateway, record: SandboxRecord, path: str) -> dict[str, Any]:
+    return await read_json(await gateway.daemon(record, "GET", "files/stat", query={"path": path}))
+
+
+async def stat_entry(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    return {"entry": entry_info(await _stat(gateway, record, path_of(message)))}
+
+
+async def make_dir(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    path = path_of(message)
+    try:
+        await _stat(gateway, record, path)
+    except SandcellError as exc:
+        if exc.code is not ErrorCode.FILE_NOT_FOUND:
+            raise
+    else:  # envd's answer for a directory that is there already: make_dir() returns False
+        raise SandcellError(ErrorCode.CONFLICT, f"{message['path']} already exists")
+    body = json.dumps({"path": path, "parents": True}).encode()
+    entry = await read_json(await gateway.daemon(record, "POST", "files/mkdir", body=body))
+    return {"entry": entry_info(entry)}
+
+
+async def move(gateway: Gateway, record: SandboxRecord, message: dict[str, Any]) -> dict[str, Any]:
+    body = {
+        "from": path_of(message, "source"),
+        "to": path_of(message, "destination"),
+        "overwrite": True,
+    }
+    entry = await read_json(
+        await gateway.daemon(record, "POST", "files/move", body=json.dumps(body).encode())
+    )
+    return {"entry": entry_info(entry)}
+
+
+async def remove(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    query = {"path": path_of(message), "recursive": "true"}
+    await gateway.daemon(record, "DELETE", "files", query=query)
+    return {}
+
+
+async def list_dir(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    depth = max(1, integer(message.get("depth"), "depth", 1))
+    query = {"path": path_of(message), "depth": str(depth)}
+    listed = await read_json(await gateway.daemon(record, "GET", "files/list", query=query))
+    return {"entries": [entry_info(e) for e in listed["entries"]]}
+
+
+UNARY = {
+    "Stat": stat_entry,
+    "MakeDir": make_dir,
+    "Move": move,
+    "Remove": remove,
+    "ListDir": list_dir,
+}

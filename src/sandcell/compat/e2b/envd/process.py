@@ -1,0 +1,197 @@
+"""envd's `process.Process` service on sandcell's /v1/processes (SPEC §9)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sandcell.compat.e2b.envd.connect import integer, obj
+from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
+from sandcell.compat.e2b.paths import to_workspace
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.store import SandboxRecord
+
+Event = dict[str, Any]
+OUTPUTS = ("stdout", "stderr", "pty")
+SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL", 15: "SIGTERM"}
+
+
+def _pty(message: dict[str, Any]) -> dict[str, int] | None:
+    if message.get("pty") is None:
+        return None
+    size = obj(obj(message, "pty"), "size")
+    return {
+        "cols": integer(size.get("cols"), "cols", 80),
+        "rows": integer(size.get("rows"), "rows", 24),
+    }
+
+
+def start_body(message: dict[str, Any]) -> dict[str, Any]:
+    """sandcell's process request for an envd StartRequest."""
+    config = obj(message, "process")
+    if not isinstance(config.get("cmd"), str) or not config["cmd"]:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "process.cmd is required")
+    argv = [config["cmd"], *_strings(config.get("args"), "process.args")]
+    command, cwd = _placed(argv, config.get("cwd"))
+    return {
+        "command": command,
+        "cwd": cwd,
+        "env": obj(config, "envs"),
+        "stdin": message.get("stdin") is True or message.get("pty") is not None,
+        "pty": _pty(message),
+        "tag": message.get("tag") if isinstance(message.get("tag"), str) else None,
+    }
+
+
+def _placed(argv: list[str], cwd: Any) -> tuple[list[str], str]:
+    """(command, workspace cwd) for a process E2B starts in `cwd`. The daemon starts processes
+    in the workspace only; a cwd elsewhere in the cell (E2B callers use `/`) is entered by a
+    shell before the command: the cell, not the cwd, is what confines a command."""
+    try:
+        return argv, to_workspace(cwd)
+    except SandcellError as exc:
+        if exc.code is not ErrorCode.FORBIDDEN:
+            raise
+    return ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv], "."
+
+
+def _strings(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be a list of strings")
+    return value
+
+
+def _end(exit_event: dict[str, Any]) -> Event:
+    code, sig = exit_event.get("exit_code"), exit_event.get("signal")
+    status = f"signal: {signal.Signals(sig).name.lower()[3:]}" if sig else f"exit status {code}"
+    end: Event = {"exitCode": code if code is not None else -1, "exited": not sig, "status": status}
+    if code:
+        end["error"] = status
+    return {"event": {"end": end}}
+
+
+async def _events(gateway: Gateway, record: SandboxRecord, pid: int) -> AsyncIterator[Event]:
+    response = await gateway.daemon(
+        record, "GET", f"processes/{pid}/output", query={"follow": "true", "offset": "0"}
+    )
+    async for line in ndjson(response):
+        kind = line.get("type")
+        if kind in OUTPUTS:
+            yield {"event": {"data": {kind: line["data_b64"]}}}
+        elif kind == "exit":
+            yield _end(line)
+            return
+    raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"process {pid}'s output ended early")
+
+
+async def start(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> AsyncIterator[Event]:
+    body = json.dumps(start_body(message)).encode()
+    process = await read_json(await gateway.daemon(record, "POST", "processes", body=body))
+    yield {"event": {"start": {"pid": process["pid"]}}}
+    async for event in _events(gateway, record, process["pid"]):
+        yield event
+
+
+async def resolve_pid(gateway: Gateway, record: SandboxRecord, selector: dict[str, Any]) -> int:
+    """The pid a ProcessSelector names, by pid or by tag."""
+    if "pid" in selector:
+        return integer(selector["pid"], "pid")
+    tag = selector.get("tag")
+    listed = await read_json(await gateway.daemon(record, "GET", "processes"))
+    for process in listed["processes"]:
+        if tag is not None and process.get("tag") == tag and process["state"] == "running":
+            return int(process["pid"])
+    raise SandcellError(ErrorCode.NOT_FOUND, f"process with tag {tag!r} not found")
+
+
+async def connect(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> AsyncIterator[Event]:
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    yield {"event": {"start": {"pid": pid}}}
+    async for event in _events(gateway, record, pid):
+        yield event
+
+
+def _info(process: dict[str, Any]) -> dict[str, Any]:
+    command = process["command"]
+    argv = command if isinstance(command, list) else ["/bin/sh", "-c", command]
+    info = {
+        "pid": process["pid"],
+        "config": {"cmd": argv[0], "args": argv[1:], "envs": {}, "cwd": process.get("cwd") or ""},
+    }
+    if process.get("tag") is not None:
+        info["tag"] = process["tag"]
+    return info
+
+
+async def list_processes(
+    gateway: Gateway, record: SandboxRecord, _: dict[str, Any]
+) -> dict[str, Any]:
+    listed = await read_json(await gateway.daemon(record, "GET", "processes"))
+    running = [p for p in listed["processes"] if p["state"] == "running"]
+    return {"processes": [_info(p) for p in running]}
+
+
+async def send_input(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    given = obj(message, "input")
+    data = given.get("stdin", given.get("pty", ""))
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as exc:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "input is not base64") from exc
+    await gateway.daemon(record, "POST", f"processes/{pid}/stdin", body=raw)
+    return {}
+
+
+async def send_signal(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    given = message.get("signal", "SIGNAL_SIGKILL")
+    name = SIGNALS.get(given) if isinstance(given, (str, int)) else None
+    if name is None:
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"unknown signal {message.get('signal')!r}")
+    body = json.dumps({"signal": name}).encode()
+    await gateway.daemon(record, "POST", f"processes/{pid}/signal", body=body)
+    return {}
+
+
+async def close_stdin(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    await gateway.daemon(record, "POST", f"processes/{pid}/stdin/close")
+    return {}
+
+
+async def update(
+    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+) -> dict[str, Any]:
+    pid = await resolve_pid(gateway, record, obj(message, "process"))
+    size = _pty(message)
+    if size is not None:
+        await gateway.daemon(
+            record, "POST", f"processes/{pid}/resize", body=json.dumps(size).encode()
+        )
+    return {}
+
+
+UNARY = {
+    "List": list_processes,
+    "SendInput": send_input,
+    "SendSignal": send_signal,
+    "CloseStdin": close_stdin,
+    "Update": update,
+}
+STREAMS = {"Start": start, "Connect": connect}

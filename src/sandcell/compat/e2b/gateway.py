@@ -1,0 +1,207 @@
+"""sandcell's own router, called in-process: the one way the façade reaches a sandbox.
+
+Control calls run the router's handlers with the caller's API key, so authentication, the
+per-key limits and ownership are the router's own. In-sandbox calls go through the router's
+`DaemonProxy.forward`, so the daemon receives a fresh, signed, single-use request token as for
+any other proxied request. Nothing here talks to a daemon directly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive
+
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.store import SandboxRecord
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _scope(
+    app: ASGIApp,
+    method: str,
+    path: str,
+    query: dict[str, Any] | None,
+    headers: dict[str, str],
+    path_params: dict[str, str],
+    client: str,
+) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": quote(path).encode(),
+        "query_string": urlencode(query or {}).encode(),
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+        "client": (client, 0),
+        "server": ("127.0.0.1", 0),
+        "app": app,
+        "path_params": path_params,
+    }
+
+
+def request(
+    app: ASGIApp,
+    method: str,
+    path: str,
+    *,
+    body: bytes | Request = b"",
+    query: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    path_params: dict[str, str] | None = None,
+    client: str = "127.0.0.1",
+) -> Request:
+    """A Request as the router's handlers expect one, with `body` as its whole body, or read
+    on from `body`'s own stream when it is the caller's request (an upload, not buffered);
+    `client` is its peer (the router's failed-key brake counts by address)."""
+    all_headers = dict(headers or {})
+    if isinstance(body, Request):
+        receive = body.receive
+        if (length := body.headers.get("content-length")) is not None:
+            all_headers["content-length"] = length
+    else:
+        receive = _whole(body)
+        all_headers["content-length"] = str(len(body))
+    scope = _scope(app, method, path, query, all_headers, path_params or {}, client)
+    return Request(scope, receive)
+
+
+def _whole(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def body_chunks(response: Response) -> AsyncIterator[bytes]:
+    """The response's body, streamed or not; closes what the response holds open."""
+    try:
+        if isinstance(response, StreamingResponse):
+            async for chunk in response.body_iterator:
+                yield chunk if isinstance(chunk, bytes) else chunk.encode()
+        else:
+            yield bytes(response.body)
+    finally:
+        if response.background is not None:
+            await response.background()
+
+
+async def read_all(response: Response) -> bytes:
+    return b"".join([chunk async for chunk in body_chunks(response)])
+
+
+async def read_json(response: Response) -> Any:
+    data = await read_all(response)
+    return json.loads(data) if data else None
+
+
+def _line(data: bytes) -> dict[str, Any]:
+    try:
+        return json.loads(data)
+    except ValueError as exc:  # a stream cut mid-line (the relay truncates on upstream errors)
+        raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox's stream was cut") from exc
+
+
+async def ndjson(response: Response) -> AsyncIterator[dict[str, Any]]:
+    buffer = b""
+    async for chunk in body_chunks(response):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield _line(line)
+    if buffer.strip():
+        yield _line(buffer)
+
+
+class Gateway:
+    """Calls into one sandcell router app (its `state.router` is the `Router`)."""
+
+    def __init__(self, app: ASGIApp, router: Any) -> None:
+        self.app = app
+        self.router = router
+
+    async def control(
+        self,
+        handler: Handler,
+        api_key: str,
+        client: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        path_params: dict[str, str] | None = None,
+    ) -> Response:
+        """Runs a router handler as the holder of `api_key` would call it over HTTP."""
+        req = request(
+            self.app,
+            method,
+            path,
+            body=body,
+            path_params=path_params,
+            headers={"authorization": f"Bearer {api_key}", "content-type": "application/json"},
+            client=client,
+        )
+        try:
+            return await handler(req)
+        finally:
+            self.router.release(req.scope)
+
+    async def daemon(
+        self,
+        record: SandboxRecord,
+        method: str,
+        rest: str,
+        *,
+        body: bytes | Request = b"",
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """`method /v1/<rest>` on the sandbox's daemon, signed by the router's proxy; `body`
+        may be the caller's request, whose body then streams through (see `request`)."""
+        if record.state != "running":
+            raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+        await self.router.store.touch(record.id, time.time())
+        path = f"/v1/sandboxes/{record.id}/{rest}"
+        req = request(
+            self.app,
+            method,
+            path,
+            body=body,
+            query=query,
+            headers=headers,
+            path_params={"sandbox_id": record.id, "rest": rest},
+        )
+        response = await self.router.proxy.forward(req, record, rest)
+        if response.status_code >= 400:
+            try:
+                body = await read_json(response)
+            except ValueError:
+                body = None
+            raise _daemon_error(response.status_code, body)
+        return response
+
+
+def _daemon_error(status: int, body: Any) -> SandcellError:
+    """The daemon's §1 error back as a SandcellError, so one place maps it to E2B's shape."""
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    try:
+        code = ErrorCode(error.get("code", "INTERNAL"))
+    except ValueError:
+        code = ErrorCode.INTERNAL
+    return SandcellError(code, str(error.get("message", f"daemon answered {status}")))

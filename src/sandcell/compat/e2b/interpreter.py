@@ -1,0 +1,122 @@
+"""The code interpreter E2B serves on port 49999 (`/execute`, `/contexts`), on sandcell's code
+contexts (SPEC §10): the same IPython-backed contexts, its NDJSON lines renamed to E2B's."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from sandcell.compat.e2b.bodies import json_body
+from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
+from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.store import SandboxRecord
+
+PORT = "49999"
+MAX_BODY = 8 * 1_048_576
+DEFAULT_TIMEOUT_S = 300
+# sandcell's MIME bundle keys -> the keyword names of e2b_code_interpreter's Result.
+MIME_NAMES = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/json": "json",
+    "text/latex": "latex",
+    "is_main_result": "is_main_result",
+}
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def _translate(line: dict[str, Any]) -> dict[str, Any] | None:
+    kind = line.get("type")
+    if kind in ("stdout", "stderr"):
+        return {"type": kind, "text": line.get("text", ""), "timestamp": int(time.time() * 1e9)}
+    if kind == "result":
+        bundle = {MIME_NAMES[k]: v for k, v in line.items() if k in MIME_NAMES}
+        return {"type": "result", **bundle}
+    if kind == "error":
+        return {"type": "error", **{k: line.get(k, "") for k in ("name", "value", "traceback")}}
+    if kind == "end":
+        return {"type": "number_of_executions", "execution_count": line.get("execution_count")}
+    return None
+
+
+async def _execute_lines(response: Response) -> AsyncIterator[bytes]:
+    """The run's lines in E2B's names; a run cut short ends with an error line (the status
+    went out with the first line)."""
+    try:
+        async for line in ndjson(response):
+            if (translated := _translate(line)) is not None:
+                yield _line(translated)
+    except SandcellError as exc:
+        yield _line(
+            {"type": "error", "name": "SandboxError", "value": exc.message, "traceback": ""}
+        )
+
+
+async def execute(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+    body = await json_body(request, MAX_BODY)
+    run = {
+        "code": body.get("code"),
+        "language": body.get("language") or "python",
+        "context_id": body.get("context_id"),
+        "env": body.get("env_vars") or {},
+        "timeout_s": DEFAULT_TIMEOUT_S,
+    }
+    if body.get("context_id"):
+        run.pop("language")
+    response = await gateway.daemon(
+        record,
+        "POST",
+        "code/run",
+        body=json.dumps(run).encode(),
+        headers={"accept": "application/x-ndjson", "content-type": "application/json"},
+    )
+    return StreamingResponse(_execute_lines(response), media_type="application/x-ndjson")
+
+
+def _context(view: dict[str, Any]) -> dict[str, Any]:
+    cwd = view.get("cwd", "")
+    if cwd == CELL_WORKSPACE or cwd.startswith(CELL_WORKSPACE + "/"):
+        cwd = to_e2b(cwd[len(CELL_WORKSPACE) :])
+    return {"id": view["id"], "language": view["language"], "cwd": cwd}
+
+
+async def create_context(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+    body = await json_body(request, MAX_BODY)
+    create = {"language": body.get("language") or "python", "cwd": to_workspace(body.get("cwd"))}
+    response = await gateway.daemon(
+        record, "POST", "code/contexts", body=json.dumps(create).encode()
+    )
+    return JSONResponse(_context(await read_json(response)))
+
+
+async def list_contexts(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+    listed = await read_json(await gateway.daemon(record, "GET", "code/contexts"))
+    return JSONResponse([_context(c) for c in listed["contexts"]])
+
+
+async def serve(gateway: Gateway, record: SandboxRecord, request: Request, path: str) -> Response:
+    if path == "/execute" and request.method == "POST":
+        return await execute(gateway, record, request)
+    if path == "/contexts":
+        handler = create_context if request.method == "POST" else list_contexts
+        return await handler(gateway, record, request)
+    parts = path.strip("/").split("/")
+    if len(parts) >= 2 and parts[0] == "contexts":
+        rest = f"code/contexts/{parts[1]}" + ("/restart" if parts[2:] == ["restart"] else "")
+        method = "DELETE" if request.method == "DELETE" else "POST"
+        await gateway.daemon(record, method, rest)
+        return Response(status_code=204)
+    raise SandcellError(ErrorCode.NOT_FOUND, f"{request.method} {path} is not served")

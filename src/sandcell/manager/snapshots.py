@@ -1,0 +1,116 @@
+"""Snapshots (SPEC §13): consistent copies of a sandbox's workspace, owned by a principal.
+
+A snapshot is taken while the sandbox is held (`Persistence.hold`: no pause, resume or other
+snapshot meanwhile, on any replica), its live cell frozen for the copy. The copy is published
+by a rename and its record written last, so a crash leaves at most an unlisted file, which the
+next start removes; a listed snapshot is always whole. The quota is checked before copying.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandcell.errors import ErrorCode, SandcellError
+from sandcell.isolation.disk import DiskError
+from sandcell.store import SnapshotRecord
+
+if TYPE_CHECKING:
+    from sandcell.manager.manager import Manager
+
+DEFAULT_QUOTA_BYTES = 10 * 1024**3
+log = logging.getLogger("sandcell.manager.snapshots")
+
+
+def new_snapshot_id() -> str:
+    return f"snap-{secrets.token_hex(8)}"
+
+
+class Snapshots:
+    def __init__(self, manager: Manager, quota_bytes: int = DEFAULT_QUOTA_BYTES) -> None:
+        self.m = manager
+        self.quota_bytes = quota_bytes
+
+    async def take(self, owner: str, sandbox_id: str, name: str | None = None) -> SnapshotRecord:
+        snapshot_id = new_snapshot_id()
+        dest = self.m.backend.snapshot_path(snapshot_id)  # 501 where none can be taken
+        held = await self.m.persistence.hold(sandbox_id)
+        cell = None if held.paused_at else held.cell
+        try:
+            size = await self.m.backend.workspace_bytes(cell, held.workspace)
+            await self._within_quota(owner, size)
+            try:
+                size = await self.m.backend.copy_workspace(cell, held.workspace, dest)
+            except DiskError as exc:
+                log.warning("snapshot of %s failed: %s", sandbox_id, exc)
+                raise SandcellError(
+                    ErrorCode.OVERLOADED,
+                    "the snapshot could not be written (the server's disk may be full)",
+                    {"sandbox_id": sandbox_id},
+                ) from None
+        finally:
+            await self.m.persistence.release(held)
+        record = SnapshotRecord(
+            snapshot_id, owner, sandbox_id, name or "", held.template, time.time(), size, dest
+        )
+        try:
+            await self.m.store.put_snapshot(record)
+        except BaseException:
+            await self.m.backend.discard_workspace(dest)
+            raise
+        return record
+
+    async def _within_quota(self, owner: str, size: int) -> None:
+        used = sum(s.size_bytes for s in await self.m.store.list_snapshots(owner))
+        if used + size > self.quota_bytes:
+            raise SandcellError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"this snapshot ({size} bytes) would exceed the snapshot quota "
+                f"({used} of {self.quota_bytes} bytes used)",
+                {"size_bytes": size, "used_bytes": used, "quota_bytes": self.quota_bytes},
+            )
+
+    async def owned(self, owner: str | None, snapshot_id: str) -> SnapshotRecord:
+        """The snapshot if `owner` (None: an admin) has it; else 404, not revealing it."""
+        record = await self.m.store.get_snapshot(snapshot_id)
+        if record is None or owner not in (None, record.owner):
+            raise SandcellError(
+                ErrorCode.NOT_FOUND,
+                f"snapshot {snapshot_id} not found",
+                {"snapshot_id": snapshot_id},
+            )
+        return record
+
+    async def delete(self, record: SnapshotRecord) -> None:
+        # Record first: from then on nobody can start from it, and the file is an orphan.
+        await self.m.store.delete_snapshot(record.id)
+        await self.m.backend.discard_workspace(record.path)
+
+    async def workspace_from(self, record: SnapshotRecord, sandbox_id: str) -> str:
+        """A new sandbox's kept workspace, copied from the snapshot."""
+        home = self.m.backend.workspace_home(sandbox_id)
+        try:
+            await self.m.backend.copy_workspace(None, record.path, home)
+        except DiskError as exc:
+            log.warning("copy of snapshot %s failed: %s", record.id, exc)
+            raise SandcellError(
+                ErrorCode.OVERLOADED, "no room for the sandbox's workspace on the server"
+            ) from None
+        return home
+
+    async def remove_orphans(self) -> list[str]:
+        """Snapshot files that no record names (a crash before the record was written)."""
+        try:
+            folder = Path(self.m.backend.snapshot_path("x")).parent
+        except SandcellError:
+            return []  # this backend keeps none
+        if not folder.is_dir():
+            return []
+        known = {s.path for s in await self.m.store.list_snapshots()}
+        orphans = [p for p in folder.iterdir() if str(p) not in known]
+        for path in orphans:
+            await self.m.backend.discard_workspace(str(path))
+        return [p.name for p in orphans]

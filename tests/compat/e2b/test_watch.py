@@ -1,0 +1,55 @@
+"""Directory watches through the e2b SDK: the sync poller and the async stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from e2b import AsyncSandbox, FilesystemEventType, Sandbox
+
+pytestmark = pytest.mark.slow
+
+
+def test_sync_watch(sbx: Sandbox) -> None:
+    sbx.files.make_dir("/home/user/watched/sub")
+    sbx.files.write("/home/user/watched/old.txt", "1")
+    handle = sbx.files.watch_dir("/home/user/watched", recursive=True)
+    sbx.files.write("/home/user/watched/new.txt", "x")
+    sbx.files.write("/home/user/watched/old.txt", "22")
+    sbx.files.write("/home/user/watched/sub/deep.txt", "y")
+    sbx.files.remove("/home/user/watched/new.txt")
+    sbx.files.remove("/home/user/watched/old.txt")
+    seen = {(e.name, e.type) for e in handle.get_new_events()}
+    # Net effects between two polls: new.txt came and went unseen; "sub" may also show a
+    # WRITE when its mtime moved by more than the clock's granularity.
+    assert seen - {("sub", FilesystemEventType.WRITE)} == {
+        ("sub/deep.txt", FilesystemEventType.CREATE),
+        ("old.txt", FilesystemEventType.REMOVE),
+    }
+    sbx.files.write("/home/user/watched/later.txt", "z")
+    assert [(e.name, e.type) for e in handle.get_new_events()] == [
+        ("later.txt", FilesystemEventType.CREATE)
+    ]
+    handle.stop()
+
+
+def test_async_watch() -> None:
+    async def scenario() -> list[tuple[str, FilesystemEventType]]:
+        sandbox = await AsyncSandbox.create()
+        seen: list[tuple[str, FilesystemEventType]] = []
+        try:
+            await sandbox.files.make_dir("/home/user/w")
+            handle = await sandbox.files.watch_dir(
+                "/home/user/w", on_event=lambda e: seen.append((e.name, e.type))
+            )
+            await sandbox.files.write("/home/user/w/a.txt", "a")
+            deadline = time.monotonic() + 10
+            while not seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await handle.stop()
+        finally:
+            await sandbox.kill()
+        return seen
+
+    assert asyncio.run(scenario()) == [("a.txt", FilesystemEventType.CREATE)]
