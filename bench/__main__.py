@@ -10,14 +10,15 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import code, e2bsdk, egress, figures, persistence, processes
+from bench import code, datapaths, e2bsdk, egress, figures, persistence, processes
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def run(quick: bool) -> list[figures.Row]:
+def run(quick: bool, live: int) -> list[figures.Row]:
     n, claims, colds, starts, many = (100, 10, 5, 10, 20) if quick else (500, 30, 20, 30, 200)
+    file_mb, stream_mb = (64, 64) if quick else (512, 256)
     rows: list[figures.Row] = []
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as tmp:
         warm = figures.Server(Path(tmp), warm_pool=2)
@@ -31,6 +32,11 @@ def run(quick: bool) -> list[figures.Row]:
             rows += figures.many_sandboxes(warm, many)
             rows += code.code_interpreter(warm, n, starts)
             rows += e2bsdk.commands_run(warm, n)
+            rows += datapaths.cli_run(warm, starts)
+            rows += datapaths.file_transfers(warm, file_mb, repeats=3)
+            rows += datapaths.streamed_stdout(warm, stream_mb, repeats=3)
+            for count in (min(50, live), live):
+                rows += datapaths.live_sandboxes(warm, count)
         finally:
             warm.close()
         cold = figures.Server(Path(tmp), warm_pool=0)
@@ -68,8 +74,9 @@ def main() -> None:
     parser.add_argument("what", choices=["all"])
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument("--live", type=int, help="sandboxes live at once (default 200; 20 quick)")
     args = parser.parse_args()
-    rows = run(args.quick)
+    rows = run(args.quick, args.live or (20 if args.quick else 200))
     RESULTS.mkdir(exist_ok=True)
     text = json.dumps(rows, indent=2)
     (RESULTS / "latest.json").write_text(text)

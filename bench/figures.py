@@ -113,13 +113,13 @@ def exec_round_trips(server: Server, n: int) -> list[Row]:
         "exec true, direct on the daemon's unix socket",
         sample_ms(lambda: direct.exec(["true"]), n),
         base,
-        "overhead <= 2 ms",
+        "overhead <= 1.0 ms",
     )
     routed = row(
         "exec true through the router (API key, JWT)",
         sample_ms(lambda: server.exec_true(sandbox_id), n),
         on_socket,
-        "router overhead <= 2 ms",
+        "router overhead <= 1.0 ms",
     )
     direct.close()
     server.delete(sandbox_id)
@@ -159,7 +159,7 @@ def throughput(server: Server, clients: int = 16, seconds: float = 10.0) -> list
     out = row(
         f"exec true, {clients} concurrent clients, {seconds:.0f} s",
         latencies,
-        target=">= 300 exec/s",
+        target=">= 400 exec/s",
     )
     out["per_second"] = round(len(latencies) / seconds, 1)
     return [out]
@@ -193,7 +193,7 @@ def warm_claims(server: Server, n: int, label: str = "") -> list[Row]:
             f"warm-pool claim to first exec result{label}",
             samples,
             base,
-            "<= 20 ms median, <= 60 ms p99",
+            "<= 15 ms median, <= 40 ms p99",
         ),
     ]
 
@@ -215,7 +215,7 @@ def cold_creates(server: Server, n: int, label: str = "") -> list[Row]:
             f"cold create (empty pool) to first exec result{label}",
             sample_ms(create_and_exec, n, warmup=1),
             base,
-            "<= 300 ms median",
+            "<= 200 ms median",
         ),
     ]
 
@@ -246,9 +246,9 @@ def cell_start_and_memory(n: int) -> list[Row]:
         "median_ms": "",
         "p99_ms": "",
         "pss_mb": round(pss / 1024, 1),
-        "target": "<= 25 MB",
+        "target": "<= 20 MB",
     }
-    return [base, row("cell start to first /health 200", samples, base), memory]
+    return [base, row("cell start to first /health 200", samples, base, "<= 150 ms median"), memory]
 
 
 def _pss_kib(cells: LocalCells, cgroup: str | None) -> int:

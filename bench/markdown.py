@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-EXTRA = ("per_second", "mb_per_s", "pss_mb", "exec_ok", "cells_left_after_delete")
+EXTRA = (
+    "per_second",
+    "mb_per_s",
+    "baseline_mb_per_s",
+    "cores",
+    "pss_mb",
+    "exec_ok",
+    "cells_left_after_delete",
+)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

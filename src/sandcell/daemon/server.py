@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib
 import os
 import socket
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 import uvicorn
 
@@ -23,6 +26,8 @@ _PR_SET_DUMPABLE = 4
 CELL_SCRATCH = ("/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty",  # noqa: S108
                 "/dev/pts")  # fmt: skip
 ORPHAN_REAP_INTERVAL_S = 5.0
+PRELOAD_AFTER_S = 1.0
+LATER_IMPORTS = ("anyio._backends._asyncio", "anyio.lowlevel", "anyio.streams.memory")
 
 
 def bind_socket(config: DaemonConfig) -> socket.socket:
@@ -82,6 +87,24 @@ def harden_self(config: DaemonConfig) -> None:
     spawn.start(oom_score, confine_commands)
 
 
+class _QuietServer(uvicorn.Server):
+    """uvicorn wakes ten times a second to look for a stop request; across hundreds of idle
+    cells that is real CPU spent on nothing. This one sleeps until a signal asks it to stop.
+    The price is a `Date` header frozen at start, so none is sent (the router sets its own)."""
+
+    async def main_loop(self) -> None:
+        self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._wake = lambda: loop.call_soon_threadsafe(self._stop.set)
+        if not await self.on_tick(0):  # sets the default headers once
+            await self._stop.wait()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if (wake := getattr(self, "_wake", None)) is not None:
+            wake()
+
+
 async def _reap_orphans_forever(app_runner: processes.OrphanSource) -> None:
     while True:
         await asyncio.sleep(ORPHAN_REAP_INTERVAL_S)
@@ -92,7 +115,7 @@ def serve(config: DaemonConfig) -> None:
     sock = bind_socket(config)
     harden_self(config)
     app = create_app(config)
-    server = uvicorn.Server(
+    server = _QuietServer(
         uvicorn.Config(
             app,
             loop="uvloop",
@@ -101,6 +124,7 @@ def serve(config: DaemonConfig) -> None:
             access_log=False,
             log_level="warning",
             timeout_keep_alive=75,
+            date_header=False,
         )
     )
 
@@ -114,7 +138,18 @@ def serve(config: DaemonConfig) -> None:
 
     import uvloop
 
+    _preload_in_background(LATER_IMPORTS)
     uvloop.run(main())
+
+
+def _preload_in_background(modules: Sequence[str]) -> None:
+    """Imports what the first streamed response needs (anyio's asyncio backend, for
+    Starlette's StreamingResponse: ~20 ms in a cell) on a thread, a while after start: a
+    pooled cell is ready before it is claimed, and a cold start's `/health` and `/init` do
+    not compete with it for the GIL."""
+    timer = threading.Timer(PRELOAD_AFTER_S, lambda: [importlib.import_module(m) for m in modules])
+    timer.daemon = True
+    timer.start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
