@@ -304,17 +304,18 @@ def _mounts(c: dict[str, Any], volumes: dict[str, str]) -> dict[str, str]:
 def _translate(c: dict[str, Any], mounts: dict[str, str]) -> list[str]:
     """The container's command as this host runs it (see the module's docstring)."""
     argv = [*c.get("command", []), *c.get("args", [])]
-    if argv[:2] == ["sandcell", "daemon"]:
-        argv = [sys.executable, "-m", "sandcell.daemon", *argv[2:]]
-    elif argv[:2] == ["python", "-m"]:
-        argv = [sys.executable, *argv[1:]]
-    elif not any(argv[:1] and argv[0].startswith(f"{m}/") for m in mounts):
-        raise ContainerError("StartError", f"the fake image cannot run {argv}")
+    # The spec's own paths first: this interpreter's path may lie under a mount path (/tmp).
     for mount, directory in mounts.items():
         argv = [
             directory + a[len(mount) :] if a == mount or a.startswith(f"{mount}/") else a
             for a in argv
         ]
+    if argv[:2] == ["sandcell", "daemon"]:
+        return [sys.executable, "-m", "sandcell.daemon", *argv[2:]]
+    if argv[:2] == ["python", "-m"]:
+        return [sys.executable, *argv[1:]]
+    if not any(argv[:1] and argv[0].startswith(f"{d}/") for d in mounts.values()):
+        raise ContainerError("StartError", f"the fake image cannot run {argv}")
     return argv
 
 
