@@ -374,7 +374,7 @@ class Manager:
                 log.exception("reaper pass failed")
                 continue
             if reaped:
-                log.info("reaped %d sandboxes", len(reaped))
+                log.info("reaped %s", counted(len(reaped), "sandbox", "sandboxes"))
 
     async def reconcile(self) -> dict[str, list[str]]:
         """After a restart: adopt live cells that the store knows, clean up the rest."""
