@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Message
+from starlette.responses import Response
 
+from sandcell.compat.inprocess import read_all, whole_body
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -40,41 +40,19 @@ async def send(
         "app": request.app,
     }
     await router.store.touch(record.id, time.time())
-    inner = Request(scope, _once(body))
+    inner = Request(scope, whole_body(body))
     return await router.proxy.forward(inner, record, path.removeprefix("/v1/"), target=target)
-
-
-def _once(body: bytes) -> Any:
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
 
 
 async def json_of(response: Response) -> Any:
     """The daemon's JSON answer; its error (SPEC §1 shape) is raised as the same error."""
-    data = await _drain(response)
+    data = await read_all(response)
     if response.status_code >= 400:
         raise _daemon_error(response.status_code, data)
     try:
         return json.loads(data) if data else None
     except ValueError as exc:
         raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox answered oddly") from exc
-
-
-async def _drain(response: Response) -> bytes:
-    assert isinstance(response, StreamingResponse)
-    try:
-        return b"".join([bytes(chunk) async for chunk in response.body_iterator])
-    finally:
-        if response.background is not None:
-            await response.background()
 
 
 def _daemon_error(status: int, data: bytes) -> SandcellError:

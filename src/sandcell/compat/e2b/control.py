@@ -15,7 +15,8 @@ from starlette.responses import JSONResponse, Response
 
 from sandcell.compat.e2b import tokens
 from sandcell.compat.e2b.bodies import json_body
-from sandcell.compat.e2b.gateway import Gateway, read_json
+from sandcell.compat.e2b.gateway import Gateway
+from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.manager.templates import Template
 from sandcell.router import app as router_app

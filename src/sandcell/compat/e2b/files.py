@@ -10,8 +10,9 @@ from email.policy import HTTP
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sandcell.compat.e2b.gateway import Gateway, body_chunks, read_json
+from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
+from sandcell.compat.inprocess import body_chunks, read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body, too_large
 from sandcell.store import SandboxRecord

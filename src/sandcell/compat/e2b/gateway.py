@@ -15,9 +15,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import ASGIApp, Message, Receive
+from starlette.responses import Response
+from starlette.types import ASGIApp
 
+from sandcell.compat.inprocess import body_chunks, read_json, whole_body
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -69,45 +70,10 @@ def request(
         if (length := body.headers.get("content-length")) is not None:
             all_headers["content-length"] = length
     else:
-        receive = _whole(body)
+        receive = whole_body(body)
         all_headers["content-length"] = str(len(body))
     scope = _scope(app, method, path, query, all_headers, path_params or {}, client)
     return Request(scope, receive)
-
-
-def _whole(body: bytes) -> Receive:
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
-async def body_chunks(response: Response) -> AsyncIterator[bytes]:
-    """The response's body, streamed or not; closes what the response holds open."""
-    try:
-        if isinstance(response, StreamingResponse):
-            async for chunk in response.body_iterator:
-                yield chunk if isinstance(chunk, bytes) else chunk.encode()
-        else:
-            yield bytes(response.body)
-    finally:
-        if response.background is not None:
-            await response.background()
-
-
-async def read_all(response: Response) -> bytes:
-    return b"".join([chunk async for chunk in body_chunks(response)])
-
-
-async def read_json(response: Response) -> Any:
-    data = await read_all(response)
-    return json.loads(data) if data else None
 
 
 def _line(data: bytes) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b.bodies import json_body
-from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
+from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
+from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 

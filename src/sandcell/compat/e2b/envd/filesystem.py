@@ -7,8 +7,9 @@ import stat
 from typing import Any
 
 from sandcell.compat.e2b.envd.connect import integer
-from sandcell.compat.e2b.gateway import Gateway, read_json
+from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
+from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sandcell.compat.e2b.envd.connect import integer, obj
-from sandcell.compat.e2b.gateway import Gateway, ndjson, read_json
+from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import to_workspace
+from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 

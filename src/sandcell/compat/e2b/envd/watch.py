@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandcell.compat.e2b.envd.filesystem import entry_info, path_of
-from sandcell.compat.e2b.gateway import Gateway, read_json
+from sandcell.compat.e2b.gateway import Gateway
+from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
