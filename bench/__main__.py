@@ -1,6 +1,8 @@
-"""`python -m bench all [--json out.json] [--quick]`: every figure beside its baseline.
+"""`python -m bench all|FIGURE [--json out.json] [--quick]`: every figure beside its baseline.
 
-Writes the JSON and a markdown table (bench/results/latest.{json,md}) and prints the table.
+`all` runs every group below in order; naming one group (`exec`, `start`, `stream`, ...)
+runs only it, which is how a change to one path is measured. Writes the JSON and a markdown
+table (bench/results/latest.{json,md}) and prints the table.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import code, datapaths, e2bsdk, egress, figures, persistence, processes
@@ -16,45 +20,86 @@ from bench.markdown import table
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def run(quick: bool, live: int) -> list[figures.Row]:
-    n, claims, colds, starts, many = (100, 10, 5, 10, 20) if quick else (500, 30, 20, 30, 200)
-    file_mb, stream_mb = (64, 64) if quick else (512, 256)
-    rows: list[figures.Row] = []
+@dataclass(frozen=True)
+class Sizes:
+    """Sample counts and sizes: the full run's, or a quick smoke run's."""
+
+    n: int
+    claims: int
+    colds: int
+    starts: int
+    many: int
+    file_mb: int
+    stream_mb: int
+    live: int
+    seconds: float
+    repeats: int
+
+    @classmethod
+    def of(cls, quick: bool, live: int | None) -> Sizes:
+        if quick:
+            return cls(100, 10, 5, 10, 20, 64, 64, live or 20, 5, 3)
+        return cls(500, 30, 20, 30, 200, 512, 256, live or 200, 10, 5)
+
+
+Rows = list[figures.Row]
+# Figures measured on a server with a warm pool of two, in this order.
+WARM: dict[str, Callable[[figures.Server, Sizes], Rows]] = {
+    "exec": lambda s, z: figures.exec_round_trips(s, z.n),
+    "throughput": lambda s, z: figures.throughput(s, seconds=z.seconds),
+    "claim": lambda s, z: figures.warm_claims(s, z.claims),
+    "processes": lambda s, z: (
+        processes.background_first_byte(s, z.claims * 5) + processes.keystroke_round_trips(s, z.n)
+    ),
+    "many": lambda s, z: figures.many_sandboxes(s, z.many),
+    "code": lambda s, z: code.code_interpreter(s, z.n, z.starts),
+    "e2b": lambda s, z: e2bsdk.commands_run(s, z.n),
+    "cli": lambda s, z: datapaths.cli_run(s, z.starts),
+    "files": lambda s, z: datapaths.file_transfers(s, z.file_mb, repeats=3),
+    "stream": lambda s, z: datapaths.streamed_stdout(s, z.stream_mb, repeats=3),
+    "live": lambda s, z: [
+        r for count in (min(50, z.live), z.live) for r in datapaths.live_sandboxes(s, count)
+    ],
+}
+# Figures that bring their own servers or none.
+ALONE: dict[str, Callable[[Path, Sizes], Rows]] = {
+    "cold": lambda tmp, z: _cold(tmp, z.colds),
+    "image": lambda tmp, z: _image_template(tmp, z.claims, z.colds),
+    "persistence": lambda tmp, z: persistence.figures(tmp, repeats=z.repeats),
+    "start": lambda tmp, z: figures.cell_start_and_memory(z.starts),
+    "egress": lambda tmp, z: egress.figures(size_mib=z.stream_mb, repeats=z.repeats * 2, n=z.n),
+}
+
+
+def run(groups: list[str], sizes: Sizes) -> Rows:
+    rows: Rows = []
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as tmp:
-        warm = figures.Server(Path(tmp), warm_pool=2)
-        try:
-            warm.wait_pool(2)
-            rows += figures.exec_round_trips(warm, n)
-            rows += figures.throughput(warm, seconds=5 if quick else 10)
-            rows += figures.warm_claims(warm, claims)
-            rows += processes.background_first_byte(warm, claims * 5)
-            rows += processes.keystroke_round_trips(warm, n)
-            rows += figures.many_sandboxes(warm, many)
-            rows += code.code_interpreter(warm, n, starts)
-            rows += e2bsdk.commands_run(warm, n)
-            rows += datapaths.cli_run(warm, starts)
-            rows += datapaths.file_transfers(warm, file_mb, repeats=3)
-            rows += datapaths.streamed_stdout(warm, stream_mb, repeats=3)
-            for count in (min(50, live), live):
-                rows += datapaths.live_sandboxes(warm, count)
-        finally:
-            warm.close()
-        cold = figures.Server(Path(tmp), warm_pool=0)
-        try:
-            rows += figures.cold_creates(cold, colds)
-        finally:
-            cold.close()
-        rows += _image_template(Path(tmp), claims, colds)
-        rows += persistence.figures(Path(tmp), repeats=3 if quick else 5)
-    rows += figures.cell_start_and_memory(starts)
-    rows += egress.figures(size_mib=64 if quick else 256, repeats=3 if quick else 10, n=n)
+        warm_groups = [g for g in groups if g in WARM]
+        if warm_groups:
+            warm = figures.Server(Path(tmp), warm_pool=2)
+            try:
+                warm.wait_pool(2)
+                for group in warm_groups:
+                    rows += WARM[group](warm, sizes)
+            finally:
+                warm.close()
+        for group in (g for g in groups if g in ALONE):
+            rows += ALONE[group](Path(tmp), sizes)
     return rows
 
 
-def _image_template(tmp: Path, claims: int, colds: int) -> list[figures.Row]:
+def _cold(tmp: Path, colds: int) -> Rows:
+    cold = figures.Server(tmp, warm_pool=0)
+    try:
+        return figures.cold_creates(cold, colds)
+    finally:
+        cold.close()
+
+
+def _image_template(tmp: Path, claims: int, colds: int) -> Rows:
     """The same two figures for a template of a built image (a busybox OCI archive)."""
     label = " (image template)"
-    rows: list[figures.Row] = []
+    rows: Rows = []
     warm = figures.image_template_server(tmp, warm_pool=2)
     try:
         warm.wait_pool(2)
@@ -71,19 +116,21 @@ def _image_template(tmp: Path, claims: int, colds: int) -> list[figures.Row]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("what", choices=["all"])
+    parser.add_argument("what", nargs="+", choices=["all", *WARM, *ALONE])
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument("--live", type=int, help="sandboxes live at once (default 200; 20 quick)")
     args = parser.parse_args()
-    rows = run(args.quick, args.live or (20 if args.quick else 200))
-    RESULTS.mkdir(exist_ok=True)
+    groups = [*WARM, *ALONE] if "all" in args.what else args.what
+    rows = run(groups, Sizes.of(args.quick, args.live))
     text = json.dumps(rows, indent=2)
-    (RESULTS / "latest.json").write_text(text)
     if args.json:
         args.json.write_text(text)
     md = table(rows)
-    (RESULTS / "latest.md").write_text(md)
+    if "all" in args.what:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "latest.json").write_text(text)
+        (RESULTS / "latest.md").write_text(md)
     print(md)
 
 
