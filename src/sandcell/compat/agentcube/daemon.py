@@ -11,7 +11,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sandcell.compat.inprocess import read_all, whole_body
+from sandcell.compat import inprocess
+from sandcell.compat.inprocess import read_all
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -27,20 +28,9 @@ async def send(
     """The daemon's streamed answer to `method target` (`target` is its /v1/... path)."""
     router = request.app.state.router
     path, _, query = target.partition("?")
-    headers = [(b"content-length", str(len(body)).encode())]
-    if content_type is not None:
-        headers.append((b"content-type", content_type.encode()))
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query.encode(),
-        "headers": headers,
-        "app": request.app,
-    }
+    headers = {} if content_type is None else {"content-type": content_type}
+    inner = inprocess.request(request.app, method, path, body=body, query=query, headers=headers)
     await router.store.touch(record.id, time.time())
-    inner = Request(scope, whole_body(body))
     return await router.proxy.forward(inner, record, path.removeprefix("/v1/"), target=target)
 
 
@@ -48,16 +38,8 @@ async def json_of(response: Response) -> Any:
     """The daemon's JSON answer; its error (SPEC §1 shape) is raised as the same error."""
     data = await read_all(response)
     if response.status_code >= 400:
-        raise _daemon_error(response.status_code, data)
+        raise inprocess.daemon_error(response.status_code, data)
     try:
         return json.loads(data) if data else None
     except ValueError as exc:
         raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox answered oddly") from exc
-
-
-def _daemon_error(status: int, data: bytes) -> SandcellError:
-    try:
-        error = json.loads(data)["error"]
-        return SandcellError(ErrorCode(error["code"]), str(error["message"]), error.get("details"))
-    except (ValueError, KeyError, TypeError):
-        return SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"the sandbox answered {status}")

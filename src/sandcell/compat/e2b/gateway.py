@@ -12,68 +12,16 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from sandcell.compat.inprocess import body_chunks, read_json, whole_body
+from sandcell.compat.inprocess import body_chunks, daemon_error, read_all, request
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _scope(
-    app: ASGIApp,
-    method: str,
-    path: str,
-    query: dict[str, Any] | None,
-    headers: dict[str, str],
-    path_params: dict[str, str],
-    client: str,
-) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": quote(path).encode(),
-        "query_string": urlencode(query or {}).encode(),
-        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
-        "client": (client, 0),
-        "server": ("127.0.0.1", 0),
-        "app": app,
-        "path_params": path_params,
-    }
-
-
-def request(
-    app: ASGIApp,
-    method: str,
-    path: str,
-    *,
-    body: bytes | Request = b"",
-    query: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-    path_params: dict[str, str] | None = None,
-    client: str = "127.0.0.1",
-) -> Request:
-    """A Request as the router's handlers expect one, with `body` as its whole body, or read
-    on from `body`'s own stream when it is the caller's request (an upload, not buffered);
-    `client` is its peer (the router's failed-key brake counts by address)."""
-    all_headers = dict(headers or {})
-    if isinstance(body, Request):
-        receive = body.receive
-        if (length := body.headers.get("content-length")) is not None:
-            all_headers["content-length"] = length
-    else:
-        receive = whole_body(body)
-        all_headers["content-length"] = str(len(body))
-    scope = _scope(app, method, path, query, all_headers, path_params or {}, client)
-    return Request(scope, receive)
 
 
 def _line(data: bytes) -> dict[str, Any]:
@@ -155,19 +103,5 @@ class Gateway:
         )
         response = await self.router.proxy.forward(req, record, rest)
         if response.status_code >= 400:
-            try:
-                body = await read_json(response)
-            except ValueError:
-                body = None
-            raise _daemon_error(response.status_code, body)
+            raise daemon_error(response.status_code, await read_all(response))
         return response
-
-
-def _daemon_error(status: int, body: Any) -> SandcellError:
-    """The daemon's §1 error back as a SandcellError, so one place maps it to E2B's shape."""
-    error = body.get("error", {}) if isinstance(body, dict) else {}
-    try:
-        code = ErrorCode(error.get("code", "INTERNAL"))
-    except ValueError:
-        code = ErrorCode.INTERNAL
-    return SandcellError(code, str(error.get("message", f"daemon answered {status}")))
