@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from sandcell.isolation import loopmount
+
 MKFS = (
     "mkfs.ext4",
     "-q",
@@ -25,7 +27,6 @@ MKFS = (
     "-E",
     "nodiscard,lazy_itable_init=1,root_owner={uid}:{uid}",
 )
-MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
 
 
 class DiskError(Exception):
@@ -54,7 +55,7 @@ def create_quota_workspace(image: Path, mountpoint: Path, size_mb: int, uid: int
     argv = [a.format(uid=uid) for a in MKFS]
     run_checked([*argv, str(image)])
     mountpoint.mkdir(mode=0o700, exist_ok=True)
-    run_checked(["mount", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)])
+    mount_image(image, mountpoint)
     with contextlib.suppress(FileNotFoundError):
         (mountpoint / "lost+found").rmdir()
 
@@ -65,10 +66,17 @@ def adopt_workspace(source: Path, mountpoint: Path, uid: int) -> None:
     cell that made them; the tenant makes no file as anyone else)."""
     if source != mountpoint:
         mountpoint.mkdir(mode=0o700, exist_ok=True)
-        run_checked(["mount", "-o", MOUNT_OPTIONS, str(source), str(mountpoint)])
+        mount_image(source, mountpoint)
     if mountpoint.stat().st_uid != uid:
         # -R without -L never follows a symlink: the tenant's links are chowned themselves.
         run_checked(["chown", "-R", "-P", f"{uid}:{uid}", str(mountpoint)])
+
+
+def mount_image(image: Path, mountpoint: Path, read_only: bool = False) -> None:
+    try:
+        loopmount.mount_image(image, mountpoint, read_only)
+    except OSError as exc:
+        raise DiskError(str(exc)) from exc
 
 
 def create_plain_workspace(mountpoint: Path, uid: int) -> None:
@@ -85,11 +93,14 @@ def release_workspace(mountpoint: Path) -> None:
     if not is_mounted(mountpoint):
         return
     try:
-        run_checked(["umount", str(mountpoint)])
-    except DiskError:
+        loopmount.unmount(mountpoint)
+    except OSError:
         # Something still holds it open (a racing reader on the host): detach lazily so the
         # tree can be removed now; the kernel frees it when the last reference goes.
-        run_checked(["umount", "--lazy", str(mountpoint)])
+        try:
+            loopmount.unmount(mountpoint, lazy=True)
+        except OSError as exc:
+            raise DiskError(str(exc)) from exc
 
 
 def allocated_bytes(path: Path) -> int:

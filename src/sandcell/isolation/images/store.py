@@ -31,14 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sandcell.isolation.disk import release_workspace, run_checked
+from sandcell.isolation.disk import mount_image, release_workspace, run_checked
 
 State = Literal["absent", "building", "ready", "failed"]
 # Files the cell binds its own copies over: they must be plain files in the image.
 ETC_ANCHORS = ("passwd", "group", "hosts", "hostname")
 IMAGE_FILE, MOUNTED, TREE = "rootfs.img", "root", "rootfs"
 MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "root_owner=0:0")
-MOUNT_OPTIONS = "ro,loop,nosuid,nodev,noatime"
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,7 @@ class ImageStore:
             with self._lock_file(f"{digest}.mount") as fd:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if not os.path.ismount(mounted):
-                    run_checked(
-                        ["mount", "-o", MOUNT_OPTIONS, str(image / IMAGE_FILE), str(mounted)]
-                    )
+                    mount_image(image / IMAGE_FILE, mounted, read_only=True)
         return mounted
 
     def unmount_all(self) -> None:
