@@ -44,7 +44,7 @@ from sandcell.isolation.bwrap import (
 )
 from sandcell.isolation.images import stage
 from sandcell.isolation.policy import CellPolicy
-from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
+from sandcell.isolation.runtime import CELL_SRC, cell_python, compile_package, runtime_mounts
 
 UID_REGISTRY = Path("/run/sandcell-uids")
 DEFAULT_UID_BASE = 200_000
@@ -107,6 +107,7 @@ class LocalCells:
             self.cgroups, self._cgroup_problem = None, str(exc)
         if self.privileged:
             Path(launch.STAGE).mkdir(mode=0o755, parents=True, exist_ok=True)
+        compile_package()
 
     # -- lifecycle -------------------------------------------------------------------------
 
