@@ -1,30 +1,35 @@
-"""`DaemonProxy` against a real daemon app served in-process (`httpx.ASGITransport`).
+"""`DaemonProxy` against a real daemon app served in-process (uvicorn on a unix socket in
+the test's own event loop).
 
-Signing, body binding, path confinement and error mapping of the proxy run without a cell
-or a socket; the end-to-end tests cover the same path through real processes.
+Signing, body binding, path confinement, connection reuse and error mapping of the proxy run
+without a cell; the end-to-end tests cover the same path through real processes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from sandcell import tokens
+from sandcell.cellapi.client import dialer
 from sandcell.cellapi.environment import DEFAULT_INHERIT
 from sandcell.daemon import spawn
 from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
 from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.http.upstream import Dial
 from sandcell.router.proxy import DaemonProxy
 from sandcell.store import SandboxRecord, Sealer, open_store
 
@@ -54,10 +59,32 @@ def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
     return daemon_app(config, environ={})
 
 
+class _InLoopServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the test runner's signals stay its own
+
+
+@contextlib.asynccontextmanager
+async def served(app: Starlette, uds: Path) -> AsyncIterator[None]:
+    """`app` served by uvicorn on `uds`, in this event loop."""
+    config = uvicorn.Config(app, uds=str(uds), loop="none", lifespan="off", log_level="warning")
+    server = _InLoopServer(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.005)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await task
+        uds.unlink(missing_ok=True)
+
+
 @pytest.fixture
 async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[str]]]:
     """A client of a one-route app that forwards to the daemon through a `DaemonProxy`;
-    the list collects the endpoints the proxy asked a transport for."""
+    the list collects each endpoint the proxy asked to dial and each connection it opened."""
     (tmp_path / "ws").mkdir()
     bootstrap, session = tokens.generate_p256(), tokens.generate_p256()
     daemon = _daemon(tmp_path / "ws", bootstrap)
@@ -68,19 +95,29 @@ async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[s
         assert (await direct.post("/init", json={"token": token})).status_code == 200
 
     asked: list[str] = []
+    uds = tmp_path / "daemon.sock"
 
-    def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.AsyncBaseTransport, str]:
+    def dialer_for(endpoint: dict[str, Any]) -> tuple[Dial, bytes]:
         asked.append(endpoint["uds"])
-        return httpx.ASGITransport(daemon), "http://daemon"
+        dial, host = dialer({"uds": str(uds)})
+
+        async def counted(factory: Any) -> Any:
+            asked.append("connection")
+            return await dial(factory)
+
+        return counted, host
 
     now = time.time()
     record = SandboxRecord(
         SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
     )
-    async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
+    async with (
+        served(daemon, uds),
+        open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store,
+    ):
         await store.put_sandbox(record)
         await store.put_session_key(SANDBOX_ID, tokens.private_pem(session))
-        proxy = DaemonProxy(store, transport_for=transport_for)
+        proxy = DaemonProxy(store, dialer_for=dialer_for)
 
         async def forward(request: Request) -> Response:
             return await proxy.forward(request, record, request.path_params["rest"])
@@ -110,7 +147,7 @@ async def test_requests_reach_the_daemon_signed_and_body_bound(front: Any) -> No
     assert reply.status_code == 200 and reply.json()["stdout"] == "42\n"
     assert (await client.put(f"{base}/files?path=a.txt", content=b"abc")).status_code == 200
     assert (await client.get(f"{base}/files?path=a.txt")).content == b"abc"
-    assert asked == ["x"]  # one pooled client per daemon endpoint
+    assert asked == ["x", "connection"]  # one pool per daemon endpoint, one kept connection
 
 
 @pytest.mark.anyio
@@ -128,19 +165,15 @@ async def test_only_the_daemons_v1_is_reachable(front: Any) -> None:
 
 @pytest.mark.anyio
 async def test_unreachable_daemon_maps_to_502(tmp_path: Path) -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
     now = time.time()
+    nobody = {"uds": str(tmp_path / "nobody.sock")}
     record = SandboxRecord(
-        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
+        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint=nobody
     )
     async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
         await store.put_sandbox(record)
         await store.put_session_key(SANDBOX_ID, tokens.private_pem(tokens.generate_p256()))
-        proxy = DaemonProxy(
-            store, transport_for=lambda _: (httpx.MockTransport(refuse), "http://daemon")
-        )
+        proxy = DaemonProxy(store)
 
         async def forward(request: Request) -> Response:
             return await proxy.forward(request, record, "exec")

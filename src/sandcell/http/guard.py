@@ -8,6 +8,10 @@ drops connections that send no complete head within `header_timeout_s`, answers 
 connection evicts the longest-idle one (no request in flight) rather than being refused, so
 a flood of idle sockets cannot keep anyone out; only when every connection is busy is the
 newcomer answered 503.
+
+It also writes the head of a response that declares its length together with the body's
+first bytes: uvicorn writes them apart, two sends where a small answer needs one (and a
+client reading it wakes twice).
 """
 
 from __future__ import annotations
@@ -44,6 +48,36 @@ HEADERS_TOO_LARGE = _canned(
 BODY_TOO_SLOW = _canned(
     "408 Request Timeout", ErrorCode.BAD_REQUEST, "the request body did not arrive in time"
 )
+
+
+class HeadWithBody:
+    """The socket as one response cycle writes to it: a head declaring a length is held
+    until the body's first write, and leaves with it."""
+
+    def __init__(self, transport: Any, cycle: Any) -> None:
+        self.transport = transport
+        self.cycle = cycle
+        self.held = b""
+        self.head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self.head_seen and self.cycle.response_started:
+            self.head_seen = True  # this is the head (a 100 Continue comes before the start)
+            if self.cycle.expected_content_length > 0 and self.cycle.scope["method"] != "HEAD":
+                self.held = data
+                return
+        if self.held:
+            data, self.held = self.held + data, b""
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.held:  # an app that failed mid-response: the head goes, the client sees it cut
+            self.transport.write(self.held)
+            self.held = b""
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 class HeadersTooLarge(Exception):
@@ -162,7 +196,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_body = True
         self._body_last = self.loop.time()
         self._body_deadline = self._body_last + self.door.limits.body_timeout_s
+        previous = self.cycle
         super().on_headers_complete()
+        if self.cycle is not previous:  # a new cycle, whose task has not run yet
+            self.cycle.transport = HeadWithBody(self.transport, self.cycle)
 
     # -- the request body ------------------------------------------------------------------------
 
