@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,6 @@ import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from sandcell import tokens
 from sandcell.cellapi.client import dialer
@@ -28,10 +24,9 @@ from sandcell.cellapi.environment import DEFAULT_INHERIT
 from sandcell.daemon import spawn
 from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
-from sandcell.http.errors import EXCEPTION_HANDLERS
 from sandcell.http.upstream import Dial
 from sandcell.router.proxy import DaemonProxy
-from sandcell.store import SandboxRecord, Sealer, open_store
+from support.proxying import proxy_client, sandbox_record, stored
 
 SANDBOX_ID = "sbx-inproc"
 
@@ -107,34 +102,10 @@ async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[s
 
         return counted, host
 
-    now = time.time()
-    record = SandboxRecord(
-        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
-    )
-    async with (
-        served(daemon, uds),
-        open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store,
-    ):
-        await store.put_sandbox(record)
-        await store.put_session_key(SANDBOX_ID, tokens.private_pem(session))
+    record = sandbox_record(SANDBOX_ID, {"uds": "x"})
+    async with served(daemon, uds), stored(tmp_path, record, session) as store:
         proxy = DaemonProxy(store, dialer_for=dialer_for)
-
-        async def forward(request: Request) -> Response:
-            return await proxy.forward(request, record, request.path_params["rest"])
-
-        app = Starlette(
-            routes=[
-                Route(
-                    "/v1/sandboxes/{sandbox_id}/{rest:path}",
-                    forward,
-                    methods=["GET", "POST", "PUT"],
-                )
-            ],
-            exception_handlers=EXCEPTION_HANDLERS,
-        )
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app), base_url="http://router"
-        ) as client:
+        async with proxy_client(proxy, record) as client:
             yield client, asked
         await proxy.close()
 
@@ -165,23 +136,11 @@ async def test_only_the_daemons_v1_is_reachable(front: Any) -> None:
 
 @pytest.mark.anyio
 async def test_unreachable_daemon_maps_to_502(tmp_path: Path) -> None:
-    now = time.time()
-    nobody = {"uds": str(tmp_path / "nobody.sock")}
-    record = SandboxRecord(
-        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint=nobody
-    )
-    async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
-        await store.put_sandbox(record)
-        await store.put_session_key(SANDBOX_ID, tokens.private_pem(tokens.generate_p256()))
+    record = sandbox_record(SANDBOX_ID, {"uds": str(tmp_path / "nobody.sock")})
+    async with stored(tmp_path, record, tokens.generate_p256()) as store:
         proxy = DaemonProxy(store)
-
-        async def forward(request: Request) -> Response:
-            return await proxy.forward(request, record, "exec")
-
-        route = Route("/v1/sandboxes/{sandbox_id}/exec", forward, methods=["POST"])
-        app = Starlette(routes=[route], exception_handlers=EXCEPTION_HANDLERS)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://r") as c:
-            reply = await c.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
+        async with proxy_client(proxy, record) as client:
+            reply = await client.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
         await proxy.close()
     assert reply.status_code == 502
     assert reply.json()["error"]["code"] == "SANDBOX_UNREACHABLE"
