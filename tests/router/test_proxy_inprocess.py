@@ -7,15 +7,13 @@ without a cell; the end-to-end tests cover the same path through real processes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 
 from sandcell import tokens
@@ -26,7 +24,7 @@ from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
 from sandcell.http.upstream import Dial
 from sandcell.router.proxy import DaemonProxy
-from support.proxying import proxy_client, sandbox_record, stored
+from support.proxying import proxy_client, sandbox_record, served, stored
 
 SANDBOX_ID = "sbx-inproc"
 
@@ -52,28 +50,6 @@ def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
         deny_tcp=False,
     )
     return daemon_app(config, environ={})
-
-
-class _InLoopServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the test runner's signals stay its own
-
-
-@contextlib.asynccontextmanager
-async def served(app: Starlette, uds: Path) -> AsyncIterator[None]:
-    """`app` served by uvicorn on `uds`, in this event loop."""
-    config = uvicorn.Config(app, uds=str(uds), loop="none", lifespan="off", log_level="warning")
-    server = _InLoopServer(config)
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.005)
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        await task
-        uds.unlink(missing_ok=True)
 
 
 @pytest.fixture

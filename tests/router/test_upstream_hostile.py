@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandcell import tokens
@@ -18,7 +19,7 @@ from sandcell.cellapi.client import dialer
 from sandcell.http import upstream
 from sandcell.router import proxy as proxy_module
 from sandcell.router.proxy import DaemonProxy
-from support.proxying import proxy_client, sandbox_record, stored
+from support.proxying import forwarding_app, proxy_client, sandbox_record, served, stored
 
 SANDBOX_ID = "sbx-hostile"
 EXEC = f"/v1/sandboxes/{SANDBOX_ID}/exec"
@@ -153,6 +154,44 @@ async def test_a_daemon_dying_mid_answer(tmp_path: Path) -> None:
         async with asyncio.timeout(5):
             reply = await client.get(f"/v1/sandboxes/{SANDBOX_ID}/processes/1/output")
     assert reply.status_code == 200 and reply.content == b"first"
+
+
+@pytest.mark.anyio
+async def test_a_client_leaving_a_stream_closes_the_daemons_connection(tmp_path: Path) -> None:
+    """Following a process's output waits without a timeout; when the user goes away, the
+    router stops reading the daemon's stream and closes that connection."""
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(b"6\r\nline\n\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    fake = FakeDaemon(endless)
+    uds, front = tmp_path / "d.sock", tmp_path / "router.sock"
+    server = await asyncio.start_unix_server(fake.serve, str(uds))
+    record = sandbox_record(SANDBOX_ID, {"uds": str(uds)})
+    try:
+        async with stored(tmp_path, record, tokens.generate_p256()) as store:
+            proxy = DaemonProxy(store)
+            async with (
+                served(forwarding_app(proxy, record), front),
+                httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(front))) as client,
+            ):
+                url = f"http://router/v1/sandboxes/{SANDBOX_ID}/processes/1/output"
+                async with client.stream("GET", url) as reply:
+                    async for chunk in reply.aiter_raw():
+                        assert chunk.startswith(b"line")
+                        break
+                async with asyncio.timeout(5):
+                    while not fake.closed_by_peer:
+                        await asyncio.sleep(0.02)
+            await proxy.close()
+    finally:
+        server.close()
+        uds.unlink(missing_ok=True)
 
 
 @pytest.mark.anyio

@@ -8,6 +8,7 @@ as one buffered response; others are relayed as they come.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -18,6 +19,7 @@ from typing import Any
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from sandcell import tokens
 from sandcell.cellapi.client import dialer
@@ -212,11 +214,34 @@ def _answer(pool: Pool, conn: Connection, timeout: float | None) -> Response:
         relayed = [(n, v) for n, v in headers if n not in NOT_RELAYED and n != b"content-length"]
         response.raw_headers[:0] = relayed  # before the length Starlette computed
         return response
-    streamed = StreamingResponse(
-        _relay(conn, timeout), status_code=conn.status, background=BackgroundTask(_end, pool, conn)
-    )
-    streamed.raw_headers = [(n, v) for n, v in conn.headers if n not in NOT_RELAYED]
-    return streamed
+    return Relayed(pool, conn, timeout)
+
+
+class Relayed(StreamingResponse):
+    """The daemon's answer as it comes. A client that goes away closes the connection to the
+    daemon, which ends the relay: one watcher task, where Starlette's streaming response
+    runs a task group with a cancel scope per response."""
+
+    def __init__(self, pool: Pool, conn: Connection, timeout: float | None) -> None:
+        super().__init__(
+            _relay(conn, timeout), conn.status, background=BackgroundTask(_end, pool, conn)
+        )
+        self.raw_headers = [(n, v) for n, v in conn.headers if n not in NOT_RELAYED]
+        self.conn = conn
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.ensure_future(_on_disconnect(receive, self.conn.close))
+        try:
+            await self.stream_response(send)
+        finally:
+            watcher.cancel()
+            await self.background()  # type: ignore[misc]
+
+
+async def _on_disconnect(receive: Receive, then: Callable[[], None]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass  # the rest of a request body the daemon did not wait for
+    then()
 
 
 async def _relay(conn: Connection, timeout: float | None) -> AsyncIterator[bytes]:
