@@ -115,6 +115,20 @@ async def test_a_huge_head_is_refused_once_past_the_bound(tmp_path: Path, shape:
 
 
 @pytest.mark.anyio
+async def test_a_head_past_the_bound_is_refused_even_in_one_piece(tmp_path: Path) -> None:
+    """A whole oversized head (and its body) in one write: no partial line to count."""
+    pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    head = b"HTTP/1.1 200 OK\r\n" + pad * (upstream.MAX_HEAD_BYTES // len(pad) + 2)
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head + b"content-length: 2\r\n\r\n{}")
+
+    async with hop(tmp_path, big) as (_, client):
+        assert_error(await client.post(EXEC, json={"command": "true"}), 502, "SANDBOX_UNREACHABLE")
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("shape", ["silent", "trickling"])
 async def test_a_slow_daemon_times_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str

@@ -77,7 +77,8 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.headers: Headers = []
         self._busy = False
-        self._head_bytes = 0
+        self._head_bytes = 0  # as received
+        self._parsed_head = 0  # as parsed, header by header
         self._head_done = False
         self.complete = False
         self._keep_alive = False
@@ -139,6 +140,9 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
             raise UpstreamError("the response carries an invalid header")
+        self._parsed_head += len(name) + len(value) + 4
+        if self._parsed_head > MAX_HEAD_BYTES:  # a whole head may arrive in one read
+            raise UpstreamError("the response head is too large")
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
