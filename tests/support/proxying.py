@@ -58,7 +58,7 @@ async def proxy_client(
         yield client
 
 
-class _InLoopServer(uvicorn.Server):
+class InLoopServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # the test runner's signals stay its own
@@ -75,7 +75,7 @@ async def served(app: Starlette, uds: Path) -> AsyncIterator[None]:
         log_level="warning",
         timeout_graceful_shutdown=1,
     )
-    server = _InLoopServer(config)
+    server = InLoopServer(config)
     task = asyncio.ensure_future(server.serve())
     while not server.started:
         await asyncio.sleep(0.005)

@@ -9,9 +9,7 @@ connection evicts the longest-idle one (no request in flight) rather than being 
 a flood of idle sockets cannot keep anyone out; only when every connection is busy is the
 newcomer answered 503.
 
-It also writes the head of a response that declares its length together with the body's
-first bytes: uvicorn writes them apart, two sends where a small answer needs one (and a
-client reading it wakes twice).
+It writes responses as `OneWriteHttpToolsProtocol` does (a small answer in one send).
 """
 
 from __future__ import annotations
@@ -19,10 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from sandcell.errors import ErrorCode, error_body
 from sandcell.http.limits import TIMED_OUT, ConnectionLimits
+from sandcell.http.onewrite import OneWriteHttpToolsProtocol
 
 
 def _canned(status: str, code: ErrorCode, message: str, extra: str = "") -> bytes:
@@ -50,36 +47,6 @@ BODY_TOO_SLOW = _canned(
 )
 
 
-class HeadWithBody:
-    """The socket as one response cycle writes to it: a head declaring a length is held
-    until the body's first write, and leaves with it."""
-
-    def __init__(self, transport: Any, cycle: Any) -> None:
-        self.transport = transport
-        self.cycle = cycle
-        self.held = b""
-        self.head_seen = False
-
-    def write(self, data: bytes) -> None:
-        if not self.head_seen and self.cycle.response_started:
-            self.head_seen = True  # this is the head (a 100 Continue comes before the start)
-            if self.cycle.expected_content_length > 0 and self.cycle.scope["method"] != "HEAD":
-                self.held = data
-                return
-        if self.held:
-            data, self.held = self.held + data, b""
-        self.transport.write(data)
-
-    def close(self) -> None:
-        if self.held:  # an app that failed mid-response: the head goes, the client sees it cut
-            self.transport.write(self.held)
-            self.held = b""
-        self.transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
 class HeadersTooLarge(Exception):
     """Raised from a parser callback: httptools stops parsing and reports an error."""
 
@@ -101,7 +68,7 @@ class Door:
         return True
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     door: ClassVar[Door]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -196,10 +163,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_body = True
         self._body_last = self.loop.time()
         self._body_deadline = self._body_last + self.door.limits.body_timeout_s
-        previous = self.cycle
         super().on_headers_complete()
-        if self.cycle is not previous:  # a new cycle, whose task has not run yet
-            self.cycle.transport = HeadWithBody(self.transport, self.cycle)
 
     # -- the request body ------------------------------------------------------------------------
 
