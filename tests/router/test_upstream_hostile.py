@@ -209,6 +209,44 @@ async def test_a_client_leaving_a_stream_closes_the_daemons_connection(tmp_path:
 
 
 @pytest.mark.anyio
+async def test_a_flood_of_body_waits_for_a_slow_reader(tmp_path: Path) -> None:
+    """A daemon cannot make the router hold its answer in memory: while the user does not
+    read, the router stops reading the daemon, whose writes then block."""
+    sent = 0
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (256 << 20))
+        block = b"x" * (1 << 20)
+        for _ in range(256):
+            writer.write(block)
+            await writer.drain()
+            sent += len(block)
+
+    fake = FakeDaemon(flood)
+    uds, front = tmp_path / "d.sock", tmp_path / "router.sock"
+    server = await asyncio.start_unix_server(fake.serve, str(uds))
+    record = sandbox_record(SANDBOX_ID, {"uds": str(uds)})
+    try:
+        async with stored(tmp_path, record, tokens.generate_p256()) as store:
+            proxy = DaemonProxy(store)
+            async with (
+                served(forwarding_app(proxy, record), front),
+                httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(front))) as client,
+                client.stream("GET", f"http://router/v1/sandboxes/{SANDBOX_ID}/files") as reply,
+            ):
+                chunks = reply.aiter_raw()  # held: a dropped iterator would close the stream
+                await chunks.__anext__()
+                await asyncio.sleep(0.5)  # the user reads nothing meanwhile
+                assert 0 < sent < 32 << 20, sent
+            await proxy.close()
+    finally:
+        server.close()
+        uds.unlink(missing_ok=True)
+
+
+@pytest.mark.anyio
 async def test_bytes_out_of_turn_retire_the_connection(tmp_path: Path) -> None:
     """A daemon writing between answers loses that connection; the next request is sent on
     a fresh one, and answered."""
@@ -262,6 +300,32 @@ async def test_pool_keeps_few_idle_connections_and_not_for_long(tmp_path: Path) 
         pool.close()
         server.close()
         uds.unlink(missing_ok=True)
+
+
+@pytest.mark.anyio
+async def test_a_daemon_on_tcp_is_reached_the_same_way(tmp_path: Path) -> None:
+    """Pods listen on TCP: same client, with the address as the Host."""
+    heads: list[bytes] = []
+
+    async def answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await read_request(reader))
+        writer.write(OK)
+
+    fake = FakeDaemon(answers)
+    server = await asyncio.start_server(fake.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    record = sandbox_record(SANDBOX_ID, {"host": "127.0.0.1", "port": port})
+    try:
+        async with stored(tmp_path, record, tokens.generate_p256()) as store:
+            proxy = DaemonProxy(store)
+            async with proxy_client(proxy, record) as client:
+                reply = await client.post(EXEC, json={"command": "true"})
+            await proxy.close()
+    finally:
+        server.close()
+    assert reply.status_code == 200 and reply.json() == {}
+    assert heads[0].startswith(b"POST /v1/exec HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n" % port)
+    assert b"\r\nauthorization: Bearer " in heads[0]
 
 
 def test_a_request_head_cannot_be_split() -> None:
