@@ -19,6 +19,7 @@ from sandcell.cellapi.client import dialer
 from sandcell.http import upstream
 from sandcell.router import proxy as proxy_module
 from sandcell.router.proxy import DaemonProxy
+from sandcell.store import SandboxRecord
 from support.proxying import forwarding_app, proxy_client, sandbox_record, served, stored
 
 SANDBOX_ID = "sbx-hostile"
@@ -57,21 +58,53 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def hop(tmp_path: Path, handler: Handler) -> AsyncIterator[tuple[FakeDaemon, object]]:
-    """(the fake daemon, a client of a router-like app forwarding to it)."""
-    fake = FakeDaemon(handler)
-    uds = tmp_path / "d.sock"
-    server = await asyncio.start_unix_server(fake.serve, str(uds))
-    record = sandbox_record(SANDBOX_ID, {"uds": str(uds)})
+async def daemon_endpoint(
+    tmp_path: Path, fake: FakeDaemon, tcp: bool
+) -> AsyncIterator[dict[str, object]]:
+    if tcp:
+        server = await asyncio.start_server(fake.serve, "127.0.0.1", 0)
+        endpoint: dict[str, object] = {
+            "host": "127.0.0.1",
+            "port": server.sockets[0].getsockname()[1],
+        }
+    else:
+        server = await asyncio.start_unix_server(fake.serve, str(tmp_path / "d.sock"))
+        endpoint = {"uds": str(tmp_path / "d.sock")}
     try:
-        async with stored(tmp_path, record, tokens.generate_p256()) as store:
-            proxy = DaemonProxy(store)
-            async with proxy_client(proxy, record) as client:
-                yield fake, client
-            await proxy.close()
+        yield endpoint
     finally:
         server.close()
-        uds.unlink(missing_ok=True)
+        (tmp_path / "d.sock").unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def served_client(
+    proxy: DaemonProxy, record: SandboxRecord, front: Path
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the forwarding app served by uvicorn: streams, disconnects, backpressure."""
+    transport = httpx.AsyncHTTPTransport(uds=str(front))
+    async with (
+        served(forwarding_app(proxy, record), front),
+        httpx.AsyncClient(transport=transport, base_url="http://router") as client,
+    ):
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def hop(
+    tmp_path: Path, handler: Handler, *, tcp: bool = False, served_router: bool = False
+) -> AsyncIterator[tuple[FakeDaemon, httpx.AsyncClient]]:
+    """(the fake daemon, a client of a router-like app forwarding to it), the app called
+    in-process or, with `served_router`, over a socket."""
+    fake = FakeDaemon(handler)
+    async with daemon_endpoint(tmp_path, fake, tcp) as endpoint:
+        record = sandbox_record(SANDBOX_ID, endpoint)
+        async with stored(tmp_path, record, tokens.generate_p256()) as store:
+            proxy = DaemonProxy(store)
+            front = served_client(proxy, record, tmp_path / "router.sock")
+            async with front if served_router else proxy_client(proxy, record) as client:
+                yield fake, client
+            await proxy.close()
 
 
 def assert_error(reply: object, status: int, code: str) -> None:
@@ -183,29 +216,15 @@ async def test_a_client_leaving_a_stream_closes_the_daemons_connection(tmp_path:
             await writer.drain()
             await asyncio.sleep(0.02)
 
-    fake = FakeDaemon(endless)
-    uds, front = tmp_path / "d.sock", tmp_path / "router.sock"
-    server = await asyncio.start_unix_server(fake.serve, str(uds))
-    record = sandbox_record(SANDBOX_ID, {"uds": str(uds)})
-    try:
-        async with stored(tmp_path, record, tokens.generate_p256()) as store:
-            proxy = DaemonProxy(store)
-            async with (
-                served(forwarding_app(proxy, record), front),
-                httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(front))) as client,
-            ):
-                url = f"http://router/v1/sandboxes/{SANDBOX_ID}/processes/1/output"
-                async with client.stream("GET", url) as reply:
-                    async for chunk in reply.aiter_raw():
-                        assert chunk.startswith(b"line")
-                        break
-                async with asyncio.timeout(5):
-                    while not fake.closed_by_peer:
-                        await asyncio.sleep(0.02)
-            await proxy.close()
-    finally:
-        server.close()
-        uds.unlink(missing_ok=True)
+    async with hop(tmp_path, endless, served_router=True) as (fake, client):
+        url = f"/v1/sandboxes/{SANDBOX_ID}/processes/1/output"
+        async with client.stream("GET", url) as reply:
+            async for chunk in reply.aiter_raw():
+                assert chunk.startswith(b"line")
+                break
+        async with asyncio.timeout(5):
+            while not fake.closed_by_peer:
+                await asyncio.sleep(0.02)
 
 
 @pytest.mark.anyio
@@ -224,26 +243,14 @@ async def test_a_flood_of_body_waits_for_a_slow_reader(tmp_path: Path) -> None:
             await writer.drain()
             sent += len(block)
 
-    fake = FakeDaemon(flood)
-    uds, front = tmp_path / "d.sock", tmp_path / "router.sock"
-    server = await asyncio.start_unix_server(fake.serve, str(uds))
-    record = sandbox_record(SANDBOX_ID, {"uds": str(uds)})
-    try:
-        async with stored(tmp_path, record, tokens.generate_p256()) as store:
-            proxy = DaemonProxy(store)
-            async with (
-                served(forwarding_app(proxy, record), front),
-                httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(front))) as client,
-                client.stream("GET", f"http://router/v1/sandboxes/{SANDBOX_ID}/files") as reply,
-            ):
-                chunks = reply.aiter_raw()  # held: a dropped iterator would close the stream
-                await chunks.__anext__()
-                await asyncio.sleep(0.5)  # the user reads nothing meanwhile
-                assert 0 < sent < 32 << 20, sent
-            await proxy.close()
-    finally:
-        server.close()
-        uds.unlink(missing_ok=True)
+    async with (
+        hop(tmp_path, flood, served_router=True) as (_, client),
+        client.stream("GET", f"/v1/sandboxes/{SANDBOX_ID}/files") as reply,
+    ):
+        chunks = reply.aiter_raw()  # held: a dropped iterator would close the stream
+        await chunks.__anext__()
+        await asyncio.sleep(0.5)  # the user reads nothing meanwhile
+        assert 0 < sent < 32 << 20, sent
 
 
 @pytest.mark.anyio
@@ -311,20 +318,10 @@ async def test_a_daemon_on_tcp_is_reached_the_same_way(tmp_path: Path) -> None:
         heads.append(await read_request(reader))
         writer.write(OK)
 
-    fake = FakeDaemon(answers)
-    server = await asyncio.start_server(fake.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    record = sandbox_record(SANDBOX_ID, {"host": "127.0.0.1", "port": port})
-    try:
-        async with stored(tmp_path, record, tokens.generate_p256()) as store:
-            proxy = DaemonProxy(store)
-            async with proxy_client(proxy, record) as client:
-                reply = await client.post(EXEC, json={"command": "true"})
-            await proxy.close()
-    finally:
-        server.close()
+    async with hop(tmp_path, answers, tcp=True) as (_, client):
+        reply = await client.post(EXEC, json={"command": "true"})
     assert reply.status_code == 200 and reply.json() == {}
-    assert heads[0].startswith(b"POST /v1/exec HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n" % port)
+    assert heads[0].startswith(b"POST /v1/exec HTTP/1.1\r\nhost: 127.0.0.1:")
     assert b"\r\nauthorization: Bearer " in heads[0]
 
 
