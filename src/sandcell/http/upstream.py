@@ -216,10 +216,13 @@ class Connection(asyncio.Protocol):
                 return None
             self._raise_if_failed()
             await self._wait(timeout)
-        chunk = self._chunks.popleft()
-        while self._chunks and len(chunk) + len(self._chunks[0]) <= MAX_CHUNK:
-            chunk += self._chunks.popleft()
-        self._buffered -= len(chunk)
+        parts = [self._chunks.popleft()]
+        size = len(parts[0])
+        while self._chunks and size + len(self._chunks[0]) <= MAX_CHUNK:
+            parts.append(self._chunks.popleft())
+            size += len(parts[-1])
+        chunk = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._buffered -= size
         if self._reading_paused and self._buffered < LOW_WATER and not self.closed:
             self._reading_paused = False
             self.transport.resume_reading()
