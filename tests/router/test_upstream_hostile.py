@@ -254,6 +254,26 @@ async def test_a_flood_of_body_waits_for_a_slow_reader(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_short_answer_written_slowly_is_relayed_as_it_comes(tmp_path: Path) -> None:
+    """Short answers are sent on whole, but one that is slow to complete (a user's server
+    behind a port, say) is not held back for long: its first bytes go on after the grace."""
+
+    async def slow_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
+        await asyncio.sleep(2)
+        writer.write(b"world")
+
+    async with hop(tmp_path, slow_body, served_router=True) as (_, client):
+        started = time.monotonic()
+        async with client.stream("GET", f"/v1/sandboxes/{SANDBOX_ID}/ports/8000/") as reply:
+            chunks = reply.aiter_raw()
+            assert await chunks.__anext__() == b"hello"
+            assert time.monotonic() - started < 1.5
+            assert await chunks.__anext__() == b"world"
+
+
+@pytest.mark.anyio
 async def test_bytes_out_of_turn_retire_the_connection(tmp_path: Path) -> None:
     """A daemon writing between answers loses that connection; the next request is sent on
     a fresh one, and answered."""
@@ -291,6 +311,7 @@ async def test_pool_keeps_few_idle_connections_and_not_for_long(tmp_path: Path) 
         conn.send(head)
         await conn.response_head(2)
         await conn.whole_if_within(1024, 2)
+        assert conn.complete
         assert conn.body() == b"{}"
         return conn
 

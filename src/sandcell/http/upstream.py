@@ -196,12 +196,17 @@ class Connection(asyncio.Protocol):
         head byte by byte cannot hold the request longer."""
         await self._until(lambda: self._head_done, timeout)
 
-    async def whole_if_within(self, limit: int, timeout: float | None) -> None:
-        """Waits for the rest of a body declared no longer than `limit` (a server may write
-        head and body apart: the answer then still goes on in one piece)."""
+    async def whole_if_within(self, limit: int, grace: float) -> None:
+        """Waits up to `grace` for the rest of a body declared no longer than `limit` (a
+        server may write head and body apart: the answer then still goes on in one piece).
+        A body slower than that is left to be read on as it comes."""
         length = self.content_length()
-        if length is not None and length <= limit:
-            await self._until(lambda: self.complete, timeout)
+        if length is None or length > limit:
+            return
+        deadline = self.loop.time() + grace
+        while not self.complete and (left := deadline - self.loop.time()) > 0:
+            self._raise_if_failed()
+            await self._wait(left, self._wake)
 
     def content_length(self) -> int | None:
         for name, value in self.headers:
@@ -270,9 +275,11 @@ class Connection(asyncio.Protocol):
             self._raise_if_failed()
             await self._wait(None if deadline is None else deadline - self.loop.time())
 
-    async def _wait(self, timeout: float | None) -> None:
+    async def _wait(self, timeout: float | None, then: Callable[[], None] | None = None) -> None:
+        """Until woken, or `timeout` passes: then `then` (by default, fail as timed out)."""
         self._waiter = self.loop.create_future()
-        timer = None if timeout is None else self.loop.call_later(timeout, self._time_out)
+        on_timeout = then or self._time_out
+        timer = None if timeout is None else self.loop.call_later(timeout, on_timeout)
         try:
             await self._waiter
         finally:

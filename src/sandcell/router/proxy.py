@@ -38,8 +38,10 @@ from sandcell.store import SandboxRecord, Store
 
 BUFFER_LIMIT = 8 * 1_048_576  # the daemon's own JSON limit
 STREAM_UPLOADS_FROM = 1_048_576
-# A daemon's answer of at most this length goes back as one buffered response.
+# A daemon's answer of at most this length, whole within the grace, goes back as one
+# buffered response (a slower one, e.g. from a user's server behind a port, is relayed).
 BUFFER_ANSWERS_UP_TO = 256 * 1024
+BUFFER_GRACE_S = 0.25
 CONNECT_TIMEOUT_S = 2.0
 DEFAULT_READ_TIMEOUT_S = 120.0
 EXEC_TIMEOUT_MARGIN_S = 30.0
@@ -160,7 +162,7 @@ class DaemonProxy:
                     chunked = declared_length(request) is None
                     await conn.send_stream(head, stream, chunked, timeout)
                 await conn.response_head(timeout)
-                await conn.whole_if_within(BUFFER_ANSWERS_UP_TO, timeout)
+                await conn.whole_if_within(BUFFER_ANSWERS_UP_TO, BUFFER_GRACE_S)
             except BaseException:
                 conn.close()
                 raise
