@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 client for one hop to a trusted-format, untrusted-content server.
+"""A lean HTTP/1.1 client for the router's hop to a sandbox's daemon.
 
 The router's hop to a daemon is one small request and one small answer most of the time;
 httpx spent more CPU on it than the daemon did (its request head and body left in two sends,
@@ -318,7 +318,9 @@ class Pool:
     """Keep-alive connections to one server: at most `max_idle` kept between requests, each
     for at most `idle_s`; as many open at once as requests are in flight."""
 
-    def __init__(self, dial: Dial, max_idle: int = MAX_IDLE_PER_POOL, idle_s: float = IDLE_S):
+    def __init__(
+        self, dial: Dial, max_idle: int = MAX_IDLE_PER_POOL, idle_s: float = IDLE_S
+    ) -> None:
         self._dial = dial
         self._idle: list[Connection] = []
         self.max_idle = max_idle
