@@ -12,6 +12,7 @@ EXTRA = (
     "pss_mb",
     "exec_ok",
     "cells_left_after_delete",
+    "router_cpu_ms_per_exec",
 )
 
 

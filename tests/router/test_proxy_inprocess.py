@@ -1,13 +1,13 @@
-"""`DaemonProxy` against a real daemon app served in-process (`httpx.ASGITransport`).
+"""`DaemonProxy` against a real daemon app served in-process (uvicorn on a unix socket in
+the test's own event loop).
 
-Signing, body binding, path confinement and error mapping of the proxy run without a cell
-or a socket; the end-to-end tests cover the same path through real processes.
+Signing, body binding, path confinement, connection reuse and error mapping of the proxy run
+without a cell; the end-to-end tests cover the same path through real processes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,18 +15,16 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from sandcell import tokens
+from sandcell.cellapi.client import dialer
 from sandcell.cellapi.environment import DEFAULT_INHERIT
 from sandcell.daemon import spawn
 from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
-from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.http.upstream import Dial
 from sandcell.router.proxy import DaemonProxy
-from sandcell.store import SandboxRecord, Sealer, open_store
+from support.proxying import proxy_client, sandbox_record, served, stored
 
 SANDBOX_ID = "sbx-inproc"
 
@@ -57,7 +55,7 @@ def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
 @pytest.fixture
 async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[str]]]:
     """A client of a one-route app that forwards to the daemon through a `DaemonProxy`;
-    the list collects the endpoints the proxy asked a transport for."""
+    the list collects each endpoint the proxy asked to dial and each connection it opened."""
     (tmp_path / "ws").mkdir()
     bootstrap, session = tokens.generate_p256(), tokens.generate_p256()
     daemon = _daemon(tmp_path / "ws", bootstrap)
@@ -68,36 +66,22 @@ async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[s
         assert (await direct.post("/init", json={"token": token})).status_code == 200
 
     asked: list[str] = []
+    uds = tmp_path / "daemon.sock"
 
-    def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.AsyncBaseTransport, str]:
+    def dialer_for(endpoint: dict[str, Any]) -> tuple[Dial, bytes]:
         asked.append(endpoint["uds"])
-        return httpx.ASGITransport(daemon), "http://daemon"
+        dial, host = dialer({"uds": str(uds)})
 
-    now = time.time()
-    record = SandboxRecord(
-        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
-    )
-    async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
-        await store.put_sandbox(record)
-        await store.put_session_key(SANDBOX_ID, tokens.private_pem(session))
-        proxy = DaemonProxy(store, transport_for=transport_for)
+        async def counted(factory: Any) -> Any:
+            asked.append("connection")
+            return await dial(factory)
 
-        async def forward(request: Request) -> Response:
-            return await proxy.forward(request, record, request.path_params["rest"])
+        return counted, host
 
-        app = Starlette(
-            routes=[
-                Route(
-                    "/v1/sandboxes/{sandbox_id}/{rest:path}",
-                    forward,
-                    methods=["GET", "POST", "PUT"],
-                )
-            ],
-            exception_handlers=EXCEPTION_HANDLERS,
-        )
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app), base_url="http://router"
-        ) as client:
+    record = sandbox_record(SANDBOX_ID, {"uds": "x"})
+    async with served(daemon, uds), stored(tmp_path, record, session) as store:
+        proxy = DaemonProxy(store, dialer_for=dialer_for)
+        async with proxy_client(proxy, record) as client:
             yield client, asked
         await proxy.close()
 
@@ -110,7 +94,7 @@ async def test_requests_reach_the_daemon_signed_and_body_bound(front: Any) -> No
     assert reply.status_code == 200 and reply.json()["stdout"] == "42\n"
     assert (await client.put(f"{base}/files?path=a.txt", content=b"abc")).status_code == 200
     assert (await client.get(f"{base}/files?path=a.txt")).content == b"abc"
-    assert asked == ["x"]  # one pooled client per daemon endpoint
+    assert asked == ["x", "connection"]  # one pool per daemon endpoint, one kept connection
 
 
 @pytest.mark.anyio
@@ -128,27 +112,11 @@ async def test_only_the_daemons_v1_is_reachable(front: Any) -> None:
 
 @pytest.mark.anyio
 async def test_unreachable_daemon_maps_to_502(tmp_path: Path) -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    now = time.time()
-    record = SandboxRecord(
-        SANDBOX_ID, "me", "default", "running", now, now + 60, 60, now, endpoint={"uds": "x"}
-    )
-    async with open_store(f"sqlite://{tmp_path}/store.db", Sealer(b"k" * 32)) as store:
-        await store.put_sandbox(record)
-        await store.put_session_key(SANDBOX_ID, tokens.private_pem(tokens.generate_p256()))
-        proxy = DaemonProxy(
-            store, transport_for=lambda _: (httpx.MockTransport(refuse), "http://daemon")
-        )
-
-        async def forward(request: Request) -> Response:
-            return await proxy.forward(request, record, "exec")
-
-        route = Route("/v1/sandboxes/{sandbox_id}/exec", forward, methods=["POST"])
-        app = Starlette(routes=[route], exception_handlers=EXCEPTION_HANDLERS)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://r") as c:
-            reply = await c.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
+    record = sandbox_record(SANDBOX_ID, {"uds": str(tmp_path / "nobody.sock")})
+    async with stored(tmp_path, record, tokens.generate_p256()) as store:
+        proxy = DaemonProxy(store)
+        async with proxy_client(proxy, record) as client:
+            reply = await client.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
         await proxy.close()
     assert reply.status_code == 502
     assert reply.json()["error"]["code"] == "SANDBOX_UNREACHABLE"

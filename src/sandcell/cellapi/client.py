@@ -1,20 +1,24 @@
 """A client for one daemon that signs each request with the sandbox's session key.
 
 The manager uses it for health checks and `/init`; tests and benchmarks use it to talk to a
-daemon directly. (The router proxies raw requests and signs them itself with `tokens`.)
+daemon directly. (The router proxies raw requests over `dialer`'s connections and signs them
+itself with `tokens`.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from sandcell import tokens
+from sandcell.http.upstream import Dial
 
 DAEMON_BASE_URL = "http://sandcell-daemon"
 
@@ -48,6 +52,25 @@ def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.HTTPTransport, str]:
 
 def async_transport(endpoint: dict[str, Any]) -> tuple[httpx.AsyncHTTPTransport, str]:
     return httpx.AsyncHTTPTransport(**_transport_options(endpoint)), _base_url(endpoint)
+
+
+def dialer(endpoint: dict[str, Any]) -> tuple[Dial, bytes]:
+    """How to open a connection to a daemon endpoint, and the Host its requests name.
+    (asyncio sets TCP_NODELAY on TCP connections itself.)"""
+    host = _base_url(endpoint).removeprefix("http://").encode()
+    if "uds" in endpoint:
+        path = str(endpoint["uds"])
+
+        async def dial(factory: Callable[[], asyncio.Protocol]) -> tuple[Any, Any]:
+            return await asyncio.get_running_loop().create_unix_connection(factory, path)
+
+        return dial, host
+    address = (str(endpoint["host"]), int(endpoint["port"]))
+
+    async def dial_tcp(factory: Callable[[], asyncio.Protocol]) -> tuple[Any, Any]:
+        return await asyncio.get_running_loop().create_connection(factory, *address)
+
+    return dial_tcp, host
 
 
 class DaemonClient:

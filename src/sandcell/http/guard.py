@@ -8,6 +8,8 @@ drops connections that send no complete head within `header_timeout_s`, answers 
 connection evicts the longest-idle one (no request in flight) rather than being refused, so
 a flood of idle sockets cannot keep anyone out; only when every connection is busy is the
 newcomer answered 503.
+
+It writes responses as `OneWriteHttpToolsProtocol` does (a small answer in one send).
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from sandcell.errors import ErrorCode, error_body
 from sandcell.http.limits import TIMED_OUT, ConnectionLimits
+from sandcell.http.onewrite import OneWriteHttpToolsProtocol
 
 
 def _canned(status: str, code: ErrorCode, message: str, extra: str = "") -> bytes:
@@ -67,7 +68,7 @@ class Door:
         return True
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(OneWriteHttpToolsProtocol):
     door: ClassVar[Door]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

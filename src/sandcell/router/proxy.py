@@ -1,51 +1,69 @@
 """Forwarding a user's request to a sandbox's daemon, signed with a fresh request JWT.
 
 Small bodies are buffered and bound to the token (`bsh`); file uploads stream through
-untouched in both directions, so a large file is never held whole in memory.
+untouched in both directions, so a large file is never held whole in memory. A daemon's
+answer that has arrived whole by the time its head is read (most are) goes back to the user
+as one buffered response; others are relayed as they come.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from sandcell import tokens
-from sandcell.cellapi.client import async_transport
+from sandcell.cellapi.client import dialer
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import declared_length, read_body
+from sandcell.http.upstream import (
+    Connection,
+    Dial,
+    Headers,
+    Pool,
+    UpstreamError,
+    UpstreamTimeout,
+    request_head,
+)
 from sandcell.store import SandboxRecord, Store
 
 BUFFER_LIMIT = 8 * 1_048_576  # the daemon's own JSON limit
 STREAM_UPLOADS_FROM = 1_048_576
+# A daemon's answer of at most this length, whole within the grace, goes back as one
+# buffered response (a slower one, e.g. from a user's server behind a port, is relayed).
+BUFFER_ANSWERS_UP_TO = 256 * 1024
+BUFFER_GRACE_S = 0.25
 CONNECT_TIMEOUT_S = 2.0
 DEFAULT_READ_TIMEOUT_S = 120.0
 EXEC_TIMEOUT_MARGIN_S = 30.0
 MAX_EXEC_TIMEOUT_S = 86_400.0
-CLOSE_GRACE_S = 120.0
 # The router's own server sets these on every response: not copied from the daemon's.
-SERVER_HEADERS = {"date", "server"}
+SERVER_HEADERS = {b"date", b"server"}
 HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "authorization",
-    "content-length",
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"expect",  # the router answers a client's 100-continue itself
+    b"host",
+    b"authorization",
+    b"content-length",
 }
+# What of the daemon's answer is not relayed (a streamed answer keeps its length).
+NOT_RELAYED = (HOP_BY_HOP - {b"content-length"}) | SERVER_HEADERS
 
 
 class _Lru(OrderedDict[str, Any]):
@@ -67,36 +85,37 @@ class _Lru(OrderedDict[str, Any]):
         return None
 
 
-TransportFactory = Callable[[dict[str, Any]], tuple[httpx.AsyncBaseTransport, str]]
+# A daemon endpoint to how to connect to it and the Host its requests name.
+DialerFactory = Callable[[dict[str, Any]], tuple[Dial, bytes]]
 
 
 class DaemonProxy:
-    """`transport_for` maps a daemon endpoint to an httpx transport and base URL; tests pass
-    one that serves a daemon app in-process (`httpx.ASGITransport`)."""
+    """`dialer_for` maps a daemon endpoint to a way of connecting to it; tests pass one that
+    reaches a daemon app served in-process."""
 
     def __init__(
         self,
         store: Store,
         key_cache_size: int = 4096,
-        max_clients: int = 1024,
-        transport_for: TransportFactory = async_transport,
+        max_pools: int = 1024,
+        dialer_for: DialerFactory = dialer,
     ) -> None:
         self.store = store
-        self._transport_for = transport_for
+        self._dialer_for = dialer_for
         self._keys = _Lru(key_cache_size)
-        self._clients = _Lru(max_clients)
+        self._pools = _Lru(max_pools)
 
     async def close(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
+        for pool, _ in self._pools.values():
+            pool.close()
+        self._pools.clear()
 
     def forget(self, record: SandboxRecord) -> None:
-        """Drops what is cached for a deleted sandbox: its key and its connection pool."""
+        """Drops what is cached for a deleted sandbox: its key and its connections."""
         self._keys.pop(record.id, None)
-        client = self._clients.pop(_ident(record.endpoint), None)
-        if client is not None:
-            _close_later(client)
+        entry = self._pools.pop(_ident(record.endpoint), None)
+        if entry is not None:
+            entry[0].close()
 
     async def _session_key(self, sandbox_id: str) -> tokens.PrivateKey:
         key = self._keys.get_fresh(sandbox_id)
@@ -112,16 +131,15 @@ class DaemonProxy:
         """The sandbox's session key, for requests signed outside `forward` (WebSockets)."""
         return await self._session_key(sandbox_id)
 
-    def _client(self, endpoint: dict[str, Any]) -> httpx.AsyncClient:
+    def _pool(self, endpoint: dict[str, Any]) -> tuple[Pool, bytes]:
         ident = _ident(endpoint)
-        client = self._clients.get_fresh(ident)
-        if client is None:
-            transport, base = self._transport_for(endpoint)
-            client = httpx.AsyncClient(transport=transport, base_url=base)
-            evicted = self._clients.put(ident, client)
-            if evicted is not None:
-                _close_later(evicted)
-        return client
+        entry = self._pools.get_fresh(ident)
+        if entry is None:
+            dial, host = self._dialer_for(endpoint)
+            entry = (Pool(dial), host)
+            if (evicted := self._pools.put(ident, entry)) is not None:
+                evicted[0].close()
+        return entry
 
     async def forward(
         self, request: Request, record: SandboxRecord, rest: str, target: str | None = None
@@ -130,71 +148,123 @@ class DaemonProxy:
         (a preview URL); by default it is derived from the request."""
         key = await self._session_key(record.id)
         target = target or _daemon_target(request, rest)
-        body, content = await _body(request, rest)
+        body, stream = await _body(request, rest)
         token = tokens.mint_request_token(key, record.id, request.method, target, body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers["authorization"] = f"Bearer {token}"
-        if (length := declared_length(request)) is not None:
-            headers["content-length"] = str(length)
-        client = self._client(record.endpoint)
-        upstream = client.build_request(
-            request.method,
-            target,
-            headers=headers,
-            content=content,
-            timeout=httpx.Timeout(_read_timeout(rest, body), connect=CONNECT_TIMEOUT_S),
-        )
-        try:
-            response = await client.send(upstream, stream=True)
-        except httpx.TimeoutException as exc:
-            raise SandcellError(
-                ErrorCode.SANDBOX_TIMEOUT,
-                "the sandbox did not answer in time",
-                {"sandbox_id": record.id},
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise SandcellError(
-                ErrorCode.SANDBOX_UNREACHABLE,
-                "the sandbox is unreachable",
-                {"sandbox_id": record.id},
-            ) from exc
-        out_headers = {
-            k: v
-            for k, v in response.headers.items()
-            if k.lower() not in (HOP_BY_HOP - {"content-length"}) | SERVER_HEADERS
-        }
-        return StreamingResponse(
-            _relay(response, record.id),
-            status_code=response.status_code,
-            headers=out_headers,
-            background=BackgroundTask(response.aclose),
-        )
+        pool, host = self._pool(record.endpoint)
+        head = _head(request, target, host, token, body)
+        timeout = _read_timeout(rest, body)
+        with _mapped_errors(record.id):
+            conn = await pool.acquire(CONNECT_TIMEOUT_S)
+            try:
+                if stream is None:
+                    conn.send(head + (body or b""))
+                else:
+                    chunked = declared_length(request) is None
+                    await conn.send_stream(head, stream, chunked, timeout)
+                await conn.response_head(timeout)
+                await conn.whole_if_within(BUFFER_ANSWERS_UP_TO, BUFFER_GRACE_S)
+            except BaseException:
+                conn.close()
+                raise
+        return _answer(pool, conn, timeout)
 
 
 def _ident(endpoint: dict[str, Any]) -> str:
     return json.dumps(endpoint, sort_keys=True)
 
 
-def _close_later(client: httpx.AsyncClient) -> None:
-    """Closes a pool no longer handed out, once requests still streaming on it are done."""
-    loop = asyncio.get_running_loop()
-    loop.call_later(CLOSE_GRACE_S, lambda: loop.create_task(client.aclose()))
-
-
-async def _relay(response: httpx.Response, sandbox_id: str) -> AsyncIterator[bytes]:
+@contextlib.contextmanager
+def _mapped_errors(sandbox_id: str) -> Iterator[None]:
+    """The one place the hop's failures become the spec's errors."""
     try:
-        async for chunk in response.aiter_raw():
+        yield
+    except UpstreamTimeout as exc:
+        raise SandcellError(
+            ErrorCode.SANDBOX_TIMEOUT,
+            "the sandbox did not answer in time",
+            {"sandbox_id": sandbox_id},
+        ) from exc
+    except UpstreamError as exc:
+        raise SandcellError(
+            ErrorCode.SANDBOX_UNREACHABLE,
+            "the sandbox is unreachable",
+            {"sandbox_id": sandbox_id},
+        ) from exc
+
+
+def _head(request: Request, target: str, host: bytes, token: str, body: bytes | None) -> bytes:
+    """The daemon's request head: the client's end-to-end headers, the token, the framing."""
+    headers: Headers = [(n, v) for n, v in request.scope["headers"] if n not in HOP_BY_HOP]
+    headers.append((b"authorization", b"Bearer " + token.encode()))
+    length = len(body) if body is not None else declared_length(request)
+    if length is None:
+        headers.append((b"transfer-encoding", b"chunked"))
+    else:
+        headers.append((b"content-length", b"%d" % length))
+    try:
+        return request_head(request.method, target.encode("latin-1"), host, headers)
+    except ValueError as exc:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "invalid request head") from exc
+
+
+def _answer(pool: Pool, conn: Connection, timeout: float | None) -> Response:
+    """The daemon's answer to the user: buffered when it is already whole, else relayed."""
+    if conn.complete:
+        status, headers, data = conn.status, conn.headers, conn.body()
+        pool.release(conn)
+        response = Response(data, status_code=status)
+        relayed = [(n, v) for n, v in headers if n not in NOT_RELAYED and n != b"content-length"]
+        response.raw_headers[:0] = relayed  # before the length Starlette computed
+        return response
+    return Relayed(pool, conn, timeout)
+
+
+class Relayed(StreamingResponse):
+    """The daemon's answer as it comes. A client that goes away closes the connection to the
+    daemon, which ends the relay: one watcher task, where Starlette's streaming response
+    runs a task group with a cancel scope per response."""
+
+    def __init__(self, pool: Pool, conn: Connection, timeout: float | None) -> None:
+        super().__init__(
+            _relay(conn, timeout), conn.status, background=BackgroundTask(_end, pool, conn)
+        )
+        self.raw_headers = [(n, v) for n, v in conn.headers if n not in NOT_RELAYED]
+        self.conn = conn
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.ensure_future(_on_disconnect(receive, self.conn.close))
+        try:
+            await self.stream_response(send)
+        finally:
+            watcher.cancel()
+            await self.background()  # type: ignore[misc]
+
+
+async def _on_disconnect(receive: Receive, then: Callable[[], None]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass  # the rest of a request body the daemon did not wait for
+    then()
+
+
+async def _relay(conn: Connection, timeout: float | None) -> AsyncIterator[bytes]:
+    try:
+        while (chunk := await conn.next_chunk(timeout)) is not None:
             yield chunk
-    except httpx.HTTPError:
+    except UpstreamError:
         # Headers are gone already: the client sees a truncated body, not a hang.
         return
+
+
+async def _end(pool: Pool, conn: Connection) -> None:
+    """After a relayed answer: its connection back to the pool, or closed if cut short."""
+    pool.release(conn)
 
 
 def _daemon_target(request: Request, rest: str) -> str:
     """The daemon's path for `rest`, kept byte-for-byte as the client encoded it.
 
-    Only /v1/... of the daemon is reachable: dot segments (which the HTTP client would
-    resolve, e.g. to /init) and slashes encoded into the sandbox id are refused.
+    Only /v1/... of the daemon is reachable: dot segments (which a server may resolve, e.g.
+    to /init) and slashes encoded into the sandbox id are refused.
     """
     if any(segment in (".", "..") for segment in rest.split("/")):
         raise SandcellError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
@@ -207,8 +277,8 @@ def _daemon_target(request: Request, rest: str) -> str:
     return target.decode("latin-1")
 
 
-async def _body(request: Request, rest: str) -> tuple[bytes | None, Any]:
-    """(the bytes to bind in the token or None, what to send upstream)."""
+async def _body(request: Request, rest: str) -> tuple[bytes | None, AsyncIterator[bytes] | None]:
+    """(the whole body, to bind in the token) or (None, the stream to send on as it comes)."""
     length = declared_length(request)
     streamed = (
         request.method == "PUT"
@@ -217,8 +287,7 @@ async def _body(request: Request, rest: str) -> tuple[bytes | None, Any]:
     )
     if streamed:
         return None, request.stream()
-    body = await read_body(request, BUFFER_LIMIT)
-    return body, body
+    return await read_body(request, BUFFER_LIMIT), None
 
 
 # Requests that carry their own timeout_s, and its default.

@@ -1,0 +1,51 @@
+"""uvicorn's httptools protocol, writing a small response in one send.
+
+uvicorn writes a response's head as soon as the app starts it, and its body apart: two sends
+where a small answer needs one, and a client reading it wakes twice. Here the head of a
+response that declares its length waits for the body's first bytes and leaves with them;
+streamed (chunked) responses are written as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class HeadWithBody:
+    """The socket as one response cycle writes to it: a head declaring a length is held
+    until the body's first write, and leaves with it."""
+
+    def __init__(self, transport: Any, cycle: Any) -> None:
+        self.transport = transport
+        self.cycle = cycle
+        self.held = b""
+        self.head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self.head_seen and self.cycle.response_started:
+            self.head_seen = True  # this is the head (a 100 Continue comes before the start)
+            if self.cycle.expected_content_length > 0 and self.cycle.scope["method"] != "HEAD":
+                self.held = data
+                return
+        if self.held:
+            data, self.held = self.held + data, b""
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.held:  # an app that failed mid-response: the head goes, the client sees it cut
+            self.transport.write(self.held)
+            self.held = b""
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+class OneWriteHttpToolsProtocol(HttpToolsProtocol):
+    def on_headers_complete(self) -> None:
+        previous = self.cycle
+        super().on_headers_complete()
+        if self.cycle is not previous:  # a new cycle, whose task has not run yet
+            self.cycle.transport = HeadWithBody(self.transport, self.cycle)

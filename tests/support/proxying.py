@@ -1,0 +1,87 @@
+"""A one-route app that forwards `/v1/sandboxes/{id}/{rest}` through a `DaemonProxy`, and a
+client of it served in-process: the proxy's logic without a router process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sandcell import tokens
+from sandcell.http.errors import EXCEPTION_HANDLERS
+from sandcell.router.proxy import DaemonProxy
+from sandcell.store import SandboxRecord, Sealer, Store, open_store
+
+
+@contextlib.asynccontextmanager
+async def stored(
+    root: Path, record: SandboxRecord, session: tokens.PrivateKey
+) -> AsyncIterator[Store]:
+    """A SQLite store under `root` holding `record` and its session key."""
+    async with open_store(f"sqlite://{root}/store.db", Sealer(b"k" * 32)) as store:
+        await store.put_sandbox(record)
+        await store.put_session_key(record.id, tokens.private_pem(session))
+        yield store
+
+
+def sandbox_record(sandbox_id: str, endpoint: dict[str, Any]) -> SandboxRecord:
+    now = time.time()
+    return SandboxRecord(
+        sandbox_id, "me", "default", "running", now, now + 60, 60, now, endpoint=endpoint
+    )
+
+
+def forwarding_app(proxy: DaemonProxy, record: SandboxRecord) -> Starlette:
+    async def forward(request: Request) -> Response:
+        return await proxy.forward(request, record, request.path_params["rest"])
+
+    route = Route("/v1/sandboxes/{sandbox_id}/{rest:path}", forward, methods=["GET", "POST", "PUT"])
+    return Starlette(routes=[route], exception_handlers=EXCEPTION_HANDLERS)
+
+
+@contextlib.asynccontextmanager
+async def proxy_client(
+    proxy: DaemonProxy, record: SandboxRecord
+) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(forwarding_app(proxy, record))
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        yield client
+
+
+class InLoopServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the test runner's signals stay its own
+
+
+@contextlib.asynccontextmanager
+async def served(app: Starlette, uds: Path) -> AsyncIterator[None]:
+    """`app` served by uvicorn on `uds`, in this event loop."""
+    config = uvicorn.Config(
+        app,
+        uds=str(uds),
+        loop="none",
+        lifespan="off",
+        log_level="warning",
+        timeout_graceful_shutdown=1,
+    )
+    server = InLoopServer(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.005)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await task
+        uds.unlink(missing_ok=True)
