@@ -39,7 +39,8 @@ class PipeReader:
         self._reading = False
         self.closed = False
         os.set_blocking(self._fd, False)
-        # Best effort: past the cell user's pipe quota the kernel refuses, and 64 KiB works.
+        # Best effort: the pages count against the cell user's pipe quota (pipe-user-pages-soft,
+        # 64 MiB: 32 commands at once); past it the kernel refuses, and 64 KiB works too.
         with contextlib.suppress(OSError):
             fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self.resume()
