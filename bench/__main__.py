@@ -55,8 +55,8 @@ WARM: dict[str, Callable[[figures.Server, Sizes], Rows]] = {
     "code": lambda s, z: code.code_interpreter(s, z.n, z.starts),
     "e2b": lambda s, z: e2bsdk.commands_run(s, z.n),
     "cli": lambda s, z: datapaths.cli_run(s, z.starts),
-    "files": lambda s, z: datapaths.file_transfers(s, z.file_mb, repeats=3),
-    "stream": lambda s, z: datapaths.streamed_stdout(s, z.stream_mb, repeats=3),
+    "files": lambda s, z: datapaths.file_transfers(s, z.file_mb, repeats=5),
+    "stream": lambda s, z: datapaths.streamed_stdout(s, z.stream_mb, repeats=5),
     "live": lambda s, z: [
         r for count in (min(50, z.live), z.live) for r in datapaths.live_sandboxes(s, count)
     ],

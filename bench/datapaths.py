@@ -3,6 +3,7 @@ what live but idle sandboxes cost the host."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,8 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.environment import direct_client
 from bench.figures import Row, Server, row
 from bench.stats import sample_ms
+from sandcell import tokens
+from sandcell.cellapi.client import DaemonClient
 from sandcell.client import Sandbox
 
 MB = 1_000_000
@@ -45,26 +49,23 @@ def _quiet(argv: list[str], env: dict[str, str] | None = None) -> Callable[[], o
 
 
 def file_transfers(server: Server, size_mb: int, repeats: int) -> list[Row]:
-    """Upload and download of one file through the SDK, beside `cp` of the same file."""
+    """Upload and download of one file through the SDK, beside `cp` of the same file, the
+    runs interleaved so that both see the same machine."""
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-") as tmp:
         local = Path(tmp) / "blob"
         with local.open("wb") as out:
             for _ in range(size_mb):
                 out.write(os.urandom(MB))
-        copies = [
-            _timed(lambda: shutil.copyfile(local, Path(tmp) / "copy")) for _ in range(repeats)
-        ]
-        (Path(tmp) / "copy").unlink()
-        base = _rate(f"cp of a {size_mb} MB file (host)", size_mb, copies, "")
-        sbx = Sandbox.create(api_key=server.key, url=server.srv.url)
+        sbx = _sandbox(server)
+        copies, up, down = [], [], []
         try:
-            up = [_timed(lambda: sbx.files.upload(local, "blob")) for _ in range(repeats)]
-            down = [
-                _timed(lambda: sbx.files.download("blob", Path(tmp) / "back"))
-                for _ in range(repeats)
-            ]
+            for _ in range(repeats):
+                copies.append(_timed(lambda: shutil.copyfile(local, Path(tmp) / "copy")))
+                up.append(_timed(lambda: sbx.files.upload(local, "blob")))
+                down.append(_timed(lambda: sbx.files.download("blob", Path(tmp) / "back")))
         finally:
             sbx.kill()
+    base = _rate(f"cp of a {size_mb} MB file (host)", size_mb, copies, "")
     target = ">= 1000 MB/s"
     return [
         base,
@@ -74,40 +75,70 @@ def file_transfers(server: Server, size_mb: int, repeats: int) -> list[Row]:
 
 
 def streamed_stdout(server: Server, size_mb: int, repeats: int) -> list[Row]:
-    """A command writing `size_mb` MB to stdout, streamed to an SDK callback, beside the
-    same command read from a host pipe."""
+    """A command writing `size_mb` MB to stdout, streamed to an SDK callback, beside the same
+    command read from a host pipe and streamed straight from the daemon's socket (no router,
+    raw NDJSON); the runs interleaved so that all three see the same machine."""
     # Text, as commands print: NUL bytes would measure JSON's \u0000 escapes instead.
     command = ["sh", "-c", f"yes {LINE} | head -c {size_mb * MB}"]
-
-    def host_pipe() -> None:
-        with subprocess.Popen(command, stdout=subprocess.PIPE) as proc:
-            assert proc.stdout is not None
-            while proc.stdout.read1(1 << 20):
-                pass
-
-    base = _rate(
-        f"{size_mb} MB of stdout read from a host pipe",
-        size_mb,
-        [_timed(host_pipe) for _ in range(repeats)],
-        "",
-    )
-    sbx = Sandbox.create(api_key=server.key, url=server.srv.url)
+    sbx = _sandbox(server)
+    direct = direct_client(server.srv, sbx.id)
+    got: list[int] = []
+    host, on_socket, routed = [], [], []
     try:
-        got: list[int] = []
-        samples = [
-            _timed(lambda: sbx.commands.run(command, on_stdout=lambda s: got.append(len(s))))
-            for _ in range(repeats)
-        ]
+        for _ in range(repeats):
+            host.append(_timed(lambda: _host_pipe(command)))
+            on_socket.append(_timed(lambda: _direct_stream(direct, command)))
+            routed.append(
+                _timed(lambda: sbx.commands.run(command, on_stdout=lambda s: got.append(len(s))))
+            )
     finally:
+        direct.close()
         sbx.kill()
     if sum(got) != size_mb * MB * repeats:
         raise RuntimeError(f"streamed {sum(got)} bytes, expected {size_mb * MB * repeats}")
+    base = _rate(f"{size_mb} MB of stdout read from a host pipe", size_mb, host, "")
+    target = ">= 300 MB/s"
     return [
         base,
         _rate(
-            f"streamed stdout, {size_mb} MB (SDK callback)", size_mb, samples, ">= 300 MB/s", base
+            f"streamed stdout, {size_mb} MB, direct on the daemon's socket",
+            size_mb,
+            on_socket,
+            "",
+            base,
         ),
+        _rate(f"streamed stdout, {size_mb} MB (SDK callback)", size_mb, routed, target, base),
     ]
+
+
+def _sandbox(server: Server) -> Sandbox:
+    """A sandbox of the warm pool, once the pool has refilled: a cell starting beside the
+    first sample would slow it down."""
+    sbx = Sandbox.create(api_key=server.key, url=server.srv.url)
+    server.wait_pool(2)
+    return sbx
+
+
+def _host_pipe(command: list[str]) -> None:
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        while proc.stdout.read1(1 << 20):
+            pass
+
+
+def _direct_stream(direct: DaemonClient, command: list[str]) -> None:
+    """The NDJSON exec stream read raw from the daemon's socket, up to its exit line."""
+    body = json.dumps({"command": command}).encode()
+    token = tokens.mint_request_token(
+        direct.session_key, direct.sandbox_id, "POST", "/v1/exec", body
+    )
+    headers = {"authorization": f"Bearer {token}", "accept": "application/x-ndjson"}
+    tail = b""
+    with direct.http.stream("POST", "/v1/exec", content=body, headers=headers) as reply:
+        for chunk in reply.iter_raw():
+            tail = (tail + chunk[-512:])[-512:]
+    if b'"type":"exit"' not in tail:
+        raise RuntimeError(f"the stream ended without its exit line: {tail[-200:]!r}")
 
 
 def live_sandboxes(server: Server, live: int, seconds: float = 10.0) -> list[Row]:

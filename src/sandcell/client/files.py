@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from sandcell.client.lifecycle import SandboxBase
 
 PathArg = str | os.PathLike[str]
+WRITE_BATCH = 1_048_576
 
 
 def _flag(value: bool) -> str:
@@ -159,8 +160,9 @@ class FilesBase:
         """Stream a file out of the sandbox to `local_path` (into it, if it is a directory).
 
         The data lands in a temporary file renamed into place once complete, so a failed
-        download leaves no partial file. `progress(bytes_done, total)` is called per chunk
-        (`total` is None if the server did not say). Returns the local path written.
+        download leaves no partial file. `progress(bytes_done, total)` is called as data is
+        written, about every MiB (`total` is None if the server did not say). Returns the
+        local path written.
         """
         request = Request("GET", self._path(), params={"path": os.fspath(remote_path)}, stream=True)
         reply = yield from call(request, self._transport.config.retry)
@@ -171,9 +173,9 @@ class FilesBase:
         fh: IO[bytes] = yield Blocking(open, (part, "wb"))
         try:
             done = 0
-            while chunk := (yield Read(reply.stream)):
-                yield Blocking(fh.write, (chunk,))
-                done += len(chunk)
+            while batch := (yield from _read_batch(reply.stream)):
+                yield Blocking(fh.writelines, (batch,))
+                done += sum(map(len, batch))
                 if progress is not None:
                     yield Invoke(progress, (done, total))
             yield Blocking(fh.close, ())
@@ -186,6 +188,17 @@ class FilesBase:
             yield Blocking(_discard, (fh, part))
             raise
         return target
+
+
+def _read_batch(stream: Any) -> Op[list[bytes]]:
+    """The next chunks of a download, about WRITE_BATCH bytes of them ([] at its end): one
+    local write (for AsyncSandbox, one worker thread) per batch, not per network read."""
+    batch: list[bytes] = []
+    size = 0
+    while size < WRITE_BATCH and (chunk := (yield Read(stream))):
+        batch.append(chunk)
+        size += len(chunk)
+    return batch
 
 
 def _regular_file_size(path: PathArg) -> int:

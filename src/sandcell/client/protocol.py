@@ -35,6 +35,7 @@ NDJSON = "application/x-ndjson"
 MAX_ERROR_BODY = 1_048_576
 UPLOAD_CHUNK = 1_048_576
 DEFAULT_KEPT_OUTPUT = 1_048_576  # per stream, in a streamed command's result
+FAST_JSON_LINE = 16_384
 
 
 @dataclass(frozen=True)
@@ -195,33 +196,54 @@ def read_all(stream: Any, limit: int | None = None) -> Op[bytes]:
 
 
 class NdjsonDecoder:
-    """Splits a byte stream into JSON objects, one per line, whatever the chunking."""
+    """Splits a byte stream into JSON objects, one per line, whatever the chunking. The
+    pieces of a line are joined once, when its end arrives (a streamed command's event can
+    span many reads)."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._head: list[bytes] = []  # the pieces of an unfinished line
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        self._buf += data
-        end = self._buf.rfind(b"\n")
-        if end < 0:
-            return []
-        complete = bytes(self._buf[:end])
-        del self._buf[: end + 1]
-        return [self._parse(line) for line in complete.split(b"\n") if line.strip()]
+        events = []
+        start = 0
+        # find() is a memchr, bytes.split(b"\n") a byte-by-byte loop: ~4x slower on a big line.
+        while (end := data.find(b"\n", start)) >= 0:
+            line = data[start:end]
+            if self._head:
+                line, self._head = b"".join([*self._head, line]), []
+            if line.strip():
+                events.append(self._parse(line))
+            start = end + 1
+        if start < len(data):
+            self._head.append(data[start:] if start else data)
+        return events
 
     def close(self) -> list[dict[str, Any]]:
-        rest, self._buf = bytes(self._buf), bytearray()
+        rest, self._head = b"".join(self._head), []
         return [self._parse(rest)] if rest.strip() else []
 
     @staticmethod
     def _parse(line: bytes) -> dict[str, Any]:
         try:
-            obj = json.loads(line)
+            obj = _loads(line)
         except ValueError:
             raise InvalidResponseError(f"not a JSON line: {line[:200]!r}") from None
         if not isinstance(obj, dict):
             raise InvalidResponseError(f"not a JSON object: {line[:200]!r}")
         return obj
+
+
+def _loads(line: bytes) -> Any:
+    """`json.loads`; a big line (a fast command's output) goes through msgspec, ~5x faster,
+    imported on the first one only so that small replies do not pay for its import."""
+    if len(line) >= FAST_JSON_LINE:
+        import msgspec.json
+
+        try:
+            return msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            pass  # what json accepts beyond strict JSON (NaN, huge numbers) gets its say
+    return json.loads(line)
 
 
 class OutputCollector:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -15,12 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandcell.daemon import processes
+from sandcell.daemon.pipes import PipeReader
 from sandcell.daemon.spawn import spawn_command
 
 DRAIN_GRACE_S = 0.1
 STREAMS = {1: "stdout", 2: "stderr"}
 
 STREAM_HIGH_WATER = 256 * 1024
+# Streamed output events hold at most this many characters. Bigger ones cost more than they
+# save: at 128 KiB and above glibc maps fresh memory for every buffer (the daemon's encoding,
+# the SDK's decoding), and its page faults made 1 MiB events ~3x slower to decode.
+MAX_EVENT_CHARS = 65_536
 # Returns True when the consumer is behind and the pipes should pause.
 OutputSink = Callable[[str, str], bool | None]
 
@@ -117,15 +123,47 @@ class OutputQueue:
     def on_drained(self, resume: Callable[[], None]) -> None:
         self._resume = resume
 
-    async def get(self) -> tuple[str, str]:
-        while not self._items:
+    def wake(self) -> None:
+        """Ends a `wait` without output (the command is done)."""
+        self._ready.set()
+
+    async def wait(self) -> None:
+        """Until output is queued, or `wake`."""
+        if not self._items:
             self._ready.clear()
             await self._ready.wait()
+
+    async def get(self) -> tuple[str, str]:
+        while not self._items:
+            await self.wait()
+        return self._pop()
+
+    def take(self) -> list[tuple[str, str]]:
+        """Everything queued, as few pieces as the interleaving of the streams allows."""
+        runs = []
+        while self._items:
+            runs.append(self._pop())
+        return runs
+
+    def _pop(self) -> tuple[str, str]:
+        """The next piece: what is queued of one stream up to the other stream's next piece
+        (or MAX_EVENT_CHARS), joined: a chatty command's output leaves in few events."""
         stream, text = self._items.popleft()
+        if self._items and self._items[0][0] == stream:
+            parts = [text]
+            size = len(text)
+            while self._items and self._next_fits(stream, size):
+                size += len(self._items[0][1])
+                parts.append(self._items.popleft()[1])
+            text = "".join(parts)
         self._size -= len(text)
         if self._resume is not None and self._size < self.high_water // 2:
             self._resume()
         return stream, text
+
+    def _next_fits(self, stream: str, size: int) -> bool:
+        next_stream, text = self._items[0]
+        return next_stream == stream and size + len(text) <= MAX_EVENT_CHARS
 
 
 class _Collector:
@@ -137,10 +175,17 @@ class _Collector:
         self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAMS}
         self._sink = sink
         self._open = set(STREAMS)
-        self._paused: list[Any] = []
+        self._readers: list[PipeReader] = []
         self.drained = asyncio.Event()
         if isinstance(sink, OutputQueue):
             sink.on_drained(self.resume)
+
+    def read(self, proc: subprocess.Popen[bytes]) -> None:
+        """Starts reading the command's stdout and stderr."""
+        for fd, pipe in ((1, proc.stdout), (2, proc.stderr)):
+            assert pipe is not None
+            on_data = functools.partial(self.data, fd)
+            self._readers.append(PipeReader(pipe, on_data, functools.partial(self.eof, fd)))
 
     def data(self, fd: int, data: bytes) -> bool:
         """Takes output; True when the pipe should pause."""
@@ -150,15 +195,13 @@ class _Collector:
         text = self._decoders[fd].decode(data)
         return bool(text and self._sink(STREAMS[fd], text))
 
-    def pause(self, transport: Any) -> None:
-        transport.pause_reading()
-        self._paused.append(transport)
-
     def resume(self) -> None:
-        for transport in self._paused:
-            if not transport.is_closing():
-                transport.resume_reading()
-        self._paused.clear()
+        for reader in self._readers:
+            reader.resume()
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
 
     def eof(self, fd: int) -> None:
         if self._sink is not None and (tail := self._decoders[fd].decode(b"", final=True)):
@@ -174,27 +217,8 @@ class _Collector:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(DRAIN_GRACE_S):
                     await self.drained.wait()
-            if not self._paused:
+            if not any(reader.paused for reader in self._readers):
                 return
-
-
-class _PipeReader(asyncio.Protocol):
-    def __init__(self, fd: int, collector: _Collector) -> None:
-        self.fd = fd
-        self.collector = collector
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: Any = transport  # uvloop's pipe transports are not ReadTransports
-
-    def data_received(self, data: bytes) -> None:
-        if self.collector.data(self.fd, data):
-            self.collector.pause(self.transport)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.collector.eof(self.fd)
 
 
 class Runner:
@@ -237,17 +261,19 @@ class Runner:
             return _spawn_failure(spec, exc, time.monotonic() - started, sink)
         self._running.add(proc.pid)
         collector = _Collector(spec, sink)
-        transports: list[asyncio.BaseTransport] = []
+        stdin: asyncio.BaseTransport | None = None
         try:
-            transports = await _attach(proc, spec.stdin, collector)
+            collector.read(proc)
+            stdin = await _feed(proc, spec.stdin)
             timed_out = await self._wait(proc, spec.timeout_s)
             await collector.settle()
         except BaseException:
             self._kill(proc)
             raise
         finally:
-            for transport in transports:
-                transport.close()
+            collector.close()
+            if stdin is not None:
+                stdin.close()
             self._running.discard(proc.pid)
             processes.reap_adopted(self._running)
         assert proc.returncode is not None
@@ -269,19 +295,15 @@ class Runner:
             proc.wait()
 
 
-async def _attach(
-    proc: subprocess.Popen[bytes], stdin: bytes | None, collector: _Collector
-) -> list[asyncio.BaseTransport]:
+async def _feed(proc: subprocess.Popen[bytes], stdin: bytes | None) -> asyncio.BaseTransport | None:
+    """Writes `stdin` to the command (closed once written); None when it has none."""
+    if stdin is None:
+        return None
     loop = asyncio.get_running_loop()
-    transports: list[asyncio.BaseTransport] = []
-    for fd, pipe in ((1, proc.stdout), (2, proc.stderr)):
-        transport, _ = await loop.connect_read_pipe(lambda fd=fd: _PipeReader(fd, collector), pipe)
-        transports.append(transport)
-    if stdin is not None:
-        writer, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
-        writer.write(stdin)
-        writer.close()
-    return transports
+    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
+    writer.write(stdin)
+    writer.close()
+    return writer
 
 
 async def wait_exited(proc: subprocess.Popen[bytes]) -> None:
