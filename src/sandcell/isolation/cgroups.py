@@ -129,6 +129,12 @@ class CellCgroup(abc.ABC):
                 found.update(int(pid) for pid in _read(procs).split())
         return found
 
+    def kill(self) -> None:
+        """SIGKILL every process in the cell, forks included, without waiting for the exits:
+        none of them runs user code again (a deletion answers here, `destroy` waits later)."""
+        with contextlib.suppress(FileNotFoundError):  # removed already: nothing left
+            self._kill_everything()
+
     def kill_all(self, timeout_s: float = 5.0) -> None:
         """SIGKILL every process in the cell, forks included, and wait until it is empty."""
         deadline = time.monotonic() + timeout_s

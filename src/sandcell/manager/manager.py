@@ -75,6 +75,7 @@ class Manager:
         self.init_failures = 0
         self._reaper: asyncio.Task[None] | None = None
         self._deleting: dict[str, asyncio.Lock] = {}
+        self._teardowns: dict[str, asyncio.Task[None]] = {}
         self._unhealthy: dict[str, int] = {}
         self.persistence = Persistence(self)
         self.snapshots = Snapshots(self, snapshot_quota_bytes)
@@ -106,6 +107,7 @@ class Manager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        await self.wait_teardowns()  # a deleted sandbox leaves nothing behind at exit
         drained = sum([await pool.drain() for pool in self.pools.values()])
         log.info(
             "warm pools drained: %s destroyed",
@@ -116,6 +118,8 @@ class Manager:
     async def shutdown(self, *, delete_sandboxes: bool = False) -> list[str]:
         """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
         next start to adopt, or which are deleted first with `delete_sandboxes`."""
+        if delete_sandboxes:
+            await self._retry_teardowns()
         records = [r for r in await self.store.list_sandboxes() if self.backend.owns(r.cell)]
         if delete_sandboxes:
             for record in records:
@@ -273,21 +277,68 @@ class Manager:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return dataclasses.replace(record, network=policy.public())
 
-    async def delete_sandbox(self, sandbox_id: str) -> bool:
+    async def delete_sandbox(self, sandbox_id: str, *, wait: bool = True) -> bool:
         """One deletion per sandbox at a time in this process; a second caller waits and then
-        finds it gone."""
+        finds it gone. The sandbox is gone for its owner once its cell's processes are killed
+        and its record says "deleted" (no live limit counts it); the cell's teardown follows,
+        awaited here, or with `wait=False` left to the background (a failure there is logged
+        and retried by the reaper)."""
         lock = self._deleting.setdefault(sandbox_id, asyncio.Lock())
         try:
             async with lock:
                 record = await self.store.get_sandbox(sandbox_id)
-                if record is None:
+                if record is None or record.state == "deleted":
                     return False
                 await self.store.update_state(sandbox_id, "deleting")
-                await self._forget(record, record.cell)
-                return True
+                if record.cell:
+                    await self.backend.stop(record.cell)
+                gone = dataclasses.replace(record, state="deleted")
+                await self.store.transition(gone, ("deleting",))
+                teardown = self._tear_down(gone)
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
+        if wait:
+            await asyncio.shield(teardown)  # a cancelled caller leaves the teardown going
+        return True
+
+    def _tear_down(self, record: SandboxRecord) -> asyncio.Task[None]:
+        """The deleted sandbox's teardown, once per sandbox at a time; `stop` waits for it."""
+        task = self._teardowns.get(record.id)
+        if task is None:
+            task = asyncio.ensure_future(self._forget(record, record.cell))
+            self._teardowns[record.id] = task
+            task.add_done_callback(lambda t: self._torn_down(record.id, t))
+        return task
+
+    def _torn_down(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        del self._teardowns[sandbox_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "sandbox %s: teardown failed, the reaper retries it: %r",
+                sandbox_id,
+                task.exception(),
+            )
+
+    async def _retry_teardowns(self) -> list[str]:
+        """Deleted sandboxes whose teardown is not under way (it failed, or this process
+        restarted meanwhile) are torn down again."""
+        due = [
+            r
+            for r in await self.store.list_sandboxes()
+            if r.state == "deleted"
+            and r.id not in self._teardowns
+            and (not r.cell or self.backend.owns(r.cell))
+        ]
+        for record in due:
+            with contextlib.suppress(Exception):  # logged by _torn_down; retried next pass
+                await asyncio.shield(self._tear_down(record))
+        return [r.id for r in due]
+
+    async def wait_teardowns(self) -> None:
+        """Until every teardown under way has ended (graceful shutdown, tests)."""
+        while self._teardowns:
+            await asyncio.gather(*self._teardowns.values(), return_exceptions=True)
 
     async def _forget(self, record: SandboxRecord, cell: dict[str, Any] | None) -> None:
         """Everything of a sandbox goes: its cell if any, its kept workspace, its record
@@ -321,13 +372,14 @@ class Manager:
         """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
         created with on_timeout "pause"; paused ones past their paused TTL and those whose
         daemon died are deleted."""
+        retried = await self._retry_teardowns()
         due = await self.store.due_for_reaping(now or time.time(), limit=500)
         dead = await self._dead_daemons(set(due))
         for sandbox_id in due:
             await self._expire(sandbox_id)
         for sandbox_id in dead:
             await self.delete_sandbox(sandbox_id)
-        return due + dead
+        return retried + [d for d in due if d not in retried] + dead
 
     async def _expire(self, sandbox_id: str) -> None:
         record = await self.store.get_sandbox(sandbox_id)
@@ -386,6 +438,10 @@ class Manager:
             if record.state == "snapshotting":  # thawed and back to running or paused
                 record = await self.persistence.settle(record)
             handle = cells.pop(_key(record.cell), None)
+            if record.state in ("deleting", "deleted"):  # its owner asked for it to go
+                await self._forget(record, None if handle is None else handle.cell)
+                dropped.append(record.id)
+                continue
             if record.state in ("pausing", "resuming"):
                 moving.append(record)  # settled once the orphan cells are gone
             if record.state in ("paused", "pausing", "resuming"):
