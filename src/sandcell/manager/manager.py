@@ -279,10 +279,10 @@ class Manager:
 
     async def delete_sandbox(self, sandbox_id: str, *, wait: bool = True) -> bool:
         """One deletion per sandbox at a time in this process; a second caller waits and then
-        finds it gone. The sandbox is gone for its owner once its cell's processes are killed
-        and its record says "deleted" (no live limit counts it); the cell's teardown follows,
-        awaited here, or with `wait=False` left to the background (a failure there is logged
-        and retried by the reaper)."""
+        finds it gone. Awaited whole by default; with `wait=False` (a user's DELETE) it
+        returns once the sandbox is gone for its owner: its cell's processes killed, its
+        record "deleted" (hidden, counted by no live limit). The cell's teardown then runs in
+        the background; a failure there is logged and retried by the reaper."""
         lock = self._deleting.setdefault(sandbox_id, asyncio.Lock())
         try:
             async with lock:
@@ -290,20 +290,25 @@ class Manager:
                 if record is None or record.state == "deleted":
                     return False
                 await self.store.update_state(sandbox_id, "deleting")
-                if record.cell:
-                    await self.backend.stop(record.cell)
-                gone = dataclasses.replace(record, state="deleted")
-                await self.store.transition(gone, ("deleting",))
-                teardown = self._tear_down(gone)
+                if wait:  # a cancelled caller leaves the teardown going
+                    await asyncio.shield(self._tear_down(record))
+                else:
+                    self._tear_down(await self._make_unreachable(record))
+                return True
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
-        if wait:
-            await asyncio.shield(teardown)  # a cancelled caller leaves the teardown going
-        return True
+
+    async def _make_unreachable(self, record: SandboxRecord) -> SandboxRecord:
+        """Nothing of the sandbox runs any more and its owner no longer finds it."""
+        if record.cell:
+            await self.backend.stop(record.cell)
+        gone = dataclasses.replace(record, state="deleted")
+        await self.store.transition(gone, ("deleting",))
+        return gone
 
     def _tear_down(self, record: SandboxRecord) -> asyncio.Task[None]:
-        """The deleted sandbox's teardown, once per sandbox at a time; `stop` waits for it."""
+        """The sandbox's teardown, once per sandbox at a time; `stop` waits for it."""
         task = self._teardowns.get(record.id)
         if task is None:
             task = asyncio.ensure_future(self._forget(record, record.cell))
@@ -314,15 +319,11 @@ class Manager:
     def _torn_down(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
         del self._teardowns[sandbox_id]
         if not task.cancelled() and task.exception() is not None:
-            log.warning(
-                "sandbox %s: teardown failed, the reaper retries it: %r",
-                sandbox_id,
-                task.exception(),
-            )
+            log.warning("sandbox %s: teardown failed: %r", sandbox_id, task.exception())
 
     async def _retry_teardowns(self) -> list[str]:
         """Deleted sandboxes whose teardown is not under way (it failed, or this process
-        restarted meanwhile) are torn down again."""
+        restarted meanwhile) are torn down again (a failure is logged by `_torn_down`)."""
         due = [
             r
             for r in await self.store.list_sandboxes()
