@@ -1,8 +1,11 @@
-"""The `sandcell` command."""
+"""The `sandcell` command.
+
+Each command imports what it needs when it runs: the client commands (`run`, `exec`, ...)
+never load asyncio, the server or the async SDK (tests/cli/test_lean_imports.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Annotated
@@ -78,6 +81,8 @@ def serve(
     """Run the router and the manager: local cells by default (no file needed), or pods
     (`--backend kubernetes`, set up by the config's kubernetes table: docs/kubernetes.md).
     SIGTERM or SIGINT stops it gracefully."""
+    import asyncio
+
     import uvloop
 
     from sandcell.logs import FORMATS, LEVELS
@@ -117,6 +122,8 @@ def keys_create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create an API key and print it, alone, once: only its hash is stored."""
+    import asyncio
+
     from sandcell.serve import opened_store
     from sandcell.store import ApiKeyExistsError, ApiKeyRecord, hash_api_key, new_api_key
 
@@ -137,6 +144,8 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """List API keys (names and flags; the keys themselves are not stored)."""
+    import asyncio
+
     from sandcell.serve import opened_store
 
     async def listing():
@@ -151,6 +160,8 @@ def keys_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
 @keys_app.command("revoke")
 def keys_revoke(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Revoke an API key: it is refused from the next request on."""
+    import asyncio
+
     from sandcell.serve import opened_store
 
     async def revoke() -> bool:
