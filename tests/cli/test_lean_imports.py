@@ -72,3 +72,12 @@ def test_run_loads_only_the_blocking_client(tmp_path, env):
     modules = _imported(tmp_path, ["run", "--", "true"], env)
     assert {"sandcell.client.sandbox", "sandcell.client.transport", "httpx"} <= modules
     assert _offending(modules, NOT_FOR_CLIENT_COMMANDS) == []
+
+
+def test_the_lazy_command_table_names_what_each_module_registers():
+    from sandcell.cli import app
+    from sandcell.cli.lazy import commands_of
+
+    homes = app.info.cls.homes
+    registered = {name: home for home in set(homes.values()) for name in commands_of(home)}
+    assert registered == homes

@@ -12,7 +12,25 @@ from typing import Annotated
 
 import typer
 
+from sandcell.cli.lazy import LazyGroup
+
+
+class _Commands(LazyGroup):
+    """The server commands are defined below; the client commands' modules load on use."""
+
+    homes = {
+        **dict.fromkeys(("create", "ls", "exec", "run", "cp", "rm"), "sandboxes"),
+        **dict.fromkeys(("url", "network"), "network"),
+        **dict.fromkeys(("pause", "resume", "snapshot", "fork", "snapshots"), "persistence"),
+        **dict.fromkeys(("ps", "logs", "kill", "stats"), "processes"),
+        "code": "code",
+        "mcp": "mcp",
+        "template": "templates",
+    }
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="Disposable, isolated Linux sandboxes for untrusted code.",
     no_args_is_help=True,
     add_completion=False,
@@ -195,29 +213,6 @@ def doctor() -> None:
     from sandcell.cli.doctor import run
 
     raise typer.Exit(run(Console()))
-
-
-from sandcell.cli.network import register as _register_network_commands  # noqa: E402
-from sandcell.cli.persistence import register as _register_persistence_commands  # noqa: E402
-from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
-from sandcell.cli.templates import template_app as _template_app  # noqa: E402
-
-_register_client_commands(app)
-_register_network_commands(app)
-_register_persistence_commands(app)
-app.add_typer(_template_app, name="template")
-
-from sandcell.cli.processes import register as _register_process_commands  # noqa: E402
-
-_register_process_commands(app)
-
-from sandcell.cli.code import register as _register_code_command  # noqa: E402
-
-_register_code_command(app)
-
-from sandcell.cli.mcp import register as _register_mcp_command  # noqa: E402
-
-_register_mcp_command(app)
 
 
 def main() -> None:
