@@ -119,7 +119,7 @@ class Manager:
         """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
         next start to adopt, or which are deleted first with `delete_sandboxes`."""
         if delete_sandboxes:
-            await self._retry_teardowns()
+            await self._retry_teardowns(await self.store.list_sandboxes())
         records = [r for r in await self.store.list_sandboxes() if self.backend.owns(r.cell)]
         if delete_sandboxes:
             for record in records:
@@ -321,12 +321,12 @@ class Manager:
         if not task.cancelled() and task.exception() is not None:
             log.warning("sandbox %s: teardown failed: %r", sandbox_id, task.exception())
 
-    async def _retry_teardowns(self) -> list[str]:
+    async def _retry_teardowns(self, records: list[SandboxRecord]) -> list[str]:
         """Deleted sandboxes whose teardown is not under way (it failed, or this process
         restarted meanwhile) are torn down again (a failure is logged by `_torn_down`)."""
         due = [
             r
-            for r in await self.store.list_sandboxes()
+            for r in records
             if r.state == "deleted"
             and r.id not in self._teardowns
             and (not r.cell or self.backend.owns(r.cell))
@@ -373,9 +373,10 @@ class Manager:
         """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
         created with on_timeout "pause"; paused ones past their paused TTL and those whose
         daemon died are deleted."""
-        retried = await self._retry_teardowns()
+        records = await self.store.list_sandboxes()  # one listing for both passes below
+        retried = await self._retry_teardowns(records)
         due = await self.store.due_for_reaping(now or time.time(), limit=500)
-        dead = await self._dead_daemons(set(due))
+        dead = await self._dead_daemons(set(due), records)
         for sandbox_id in due:
             await self._expire(sandbox_id)
         for sandbox_id in dead:
@@ -394,11 +395,11 @@ class Manager:
                 log.warning("sandbox %s could not be paused: %s", sandbox_id, exc.message)
         await self.delete_sandbox(sandbox_id)
 
-    async def _dead_daemons(self, skip: set[str]) -> list[str]:
+    async def _dead_daemons(self, skip: set[str], records: list[SandboxRecord]) -> list[str]:
         """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
         answer under load is not a death)."""
         dead, seen = [], set()
-        for record in await self.store.list_sandboxes():
+        for record in records:
             if record.id in skip or record.state != "running":
                 continue  # a deletion under way owns it
             seen.add(record.id)
