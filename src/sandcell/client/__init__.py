@@ -9,6 +9,8 @@ with Sandbox.create(template="default") as sbx:      # SANDCELL_URL, SANDCELL_AP
 ```
 """
 
+# The imports under TYPE_CHECKING are for type checkers; `__all__` is built from _EXPORTS.
+# ruff: noqa: F401
 from __future__ import annotations
 
 import importlib
@@ -108,6 +110,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sandbox": ("Sandbox",),
 }
 _HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> object:
@@ -121,59 +124,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_HOMES})
-
-
-__all__ = [
-    "DEFAULT_URL",
-    "AlreadyInitializedError",
-    "AsyncCommandHandle",
-    "AsyncCommands",
-    "AsyncFiles",
-    "AsyncPty",
-    "AsyncPtyHandle",
-    "AsyncSandbox",
-    "AuthenticationError",
-    "BadRequestError",
-    "ClientConfig",
-    "CommandExitError",
-    "CommandHandle",
-    "CommandResult",
-    "Commands",
-    "ConfigurationError",
-    "ConflictError",
-    "ConnectionFailedError",
-    "Context",
-    "EntryInfo",
-    "Execution",
-    "ExecutionError",
-    "FileNotFoundInSandboxError",
-    "Files",
-    "ForbiddenError",
-    "InternalError",
-    "InvalidResponseError",
-    "IsolationUnavailableError",
-    "Logs",
-    "MethodNotAllowedError",
-    "NotFoundError",
-    "NotInitializedError",
-    "NotSupportedError",
-    "OutputMessage",
-    "OverloadedError",
-    "PayloadTooLargeError",
-    "ProcessInfo",
-    "Pty",
-    "PtyHandle",
-    "RateLimitedError",
-    "Result",
-    "RetryPolicy",
-    "Sandbox",
-    "SandboxInfo",
-    "SandboxMetrics",
-    "SandboxNotFoundError",
-    "SandboxPausedError",
-    "SandboxTimeoutError",
-    "SandboxUnreachableError",
-    "SandcellError",
-    "ServiceUnavailableError",
-    "SnapshotInfo",
-]
