@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 
 import pytest
 import redis
@@ -29,7 +30,11 @@ def test_two_routers_share_one_redis_store(tmp_path, redis_url):
             assert [s["id"] for s in cb.get("/v1/sandboxes").json()["sandboxes"]] == [sbx["id"]]
             assert cb.delete(base).status_code == 204
             assert ca.get(base).status_code == 404
-        assert list((a.data_dir / "cells").iterdir()) == []  # B deleted A's cell
+        # B tears A's cell down (after its answer: the teardown runs in the background).
+        deadline = time.monotonic() + 30
+        while list((a.data_dir / "cells").iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list((a.data_dir / "cells").iterdir()) == []
         # A restart of B must not touch A's sandboxes: each replica reconciles its own cells.
         with a.client(key) as ca:
             other = ca.post("/v1/sandboxes", json={}).json()

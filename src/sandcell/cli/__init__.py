@@ -1,15 +1,36 @@
-"""The `sandcell` command."""
+"""The `sandcell` command.
+
+Each command imports what it needs when it runs: the client commands (`run`, `exec`, ...)
+never load asyncio, the server or the async SDK (tests/cli/test_lean_imports.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from sandcell.cli.lazy import LazyGroup
+
+
+class _Commands(LazyGroup):
+    """The server commands are defined below; the client commands' modules load on use."""
+
+    homes = {
+        **dict.fromkeys(("create", "ls", "exec", "run", "cp", "rm"), "sandboxes"),
+        **dict.fromkeys(("url", "network"), "network"),
+        **dict.fromkeys(("pause", "resume", "snapshot", "fork", "snapshots"), "persistence"),
+        **dict.fromkeys(("ps", "logs", "kill", "stats"), "processes"),
+        "code": "code",
+        "mcp": "mcp",
+        "template": "templates",
+    }
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="Disposable, isolated Linux sandboxes for untrusted code.",
     no_args_is_help=True,
     add_completion=False,
@@ -78,6 +99,8 @@ def serve(
     """Run the router and the manager: local cells by default (no file needed), or pods
     (`--backend kubernetes`, set up by the config's kubernetes table: docs/kubernetes.md).
     SIGTERM or SIGINT stops it gracefully."""
+    import asyncio
+
     import uvloop
 
     from sandcell.logs import FORMATS, LEVELS
@@ -117,6 +140,8 @@ def keys_create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create an API key and print it, alone, once: only its hash is stored."""
+    import asyncio
+
     from sandcell.serve import opened_store
     from sandcell.store import ApiKeyExistsError, ApiKeyRecord, hash_api_key, new_api_key
 
@@ -137,6 +162,8 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """List API keys (names and flags; the keys themselves are not stored)."""
+    import asyncio
+
     from sandcell.serve import opened_store
 
     async def listing():
@@ -151,6 +178,8 @@ def keys_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
 @keys_app.command("revoke")
 def keys_revoke(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Revoke an API key: it is refused from the next request on."""
+    import asyncio
+
     from sandcell.serve import opened_store
 
     async def revoke() -> bool:
@@ -184,29 +213,6 @@ def doctor() -> None:
     from sandcell.cli.doctor import run
 
     raise typer.Exit(run(Console()))
-
-
-from sandcell.cli.network import register as _register_network_commands  # noqa: E402
-from sandcell.cli.persistence import register as _register_persistence_commands  # noqa: E402
-from sandcell.cli.sandboxes import register as _register_client_commands  # noqa: E402
-from sandcell.cli.templates import template_app as _template_app  # noqa: E402
-
-_register_client_commands(app)
-_register_network_commands(app)
-_register_persistence_commands(app)
-app.add_typer(_template_app, name="template")
-
-from sandcell.cli.processes import register as _register_process_commands  # noqa: E402
-
-_register_process_commands(app)
-
-from sandcell.cli.code import register as _register_code_command  # noqa: E402
-
-_register_code_command(app)
-
-from sandcell.cli.mcp import register as _register_mcp_command  # noqa: E402
-
-_register_mcp_command(app)
 
 
 def main() -> None:

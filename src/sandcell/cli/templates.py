@@ -109,3 +109,7 @@ def _when(ts: float | None) -> str:
     if not isinstance(ts, int | float):
         return "-"
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(template_app, name="template")

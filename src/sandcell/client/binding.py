@@ -20,7 +20,8 @@ from sandcell.client.protocol import Op
 if TYPE_CHECKING:
     from typing import Self
 
-    from sandcell.client.transport import AsyncTransport, SyncTransport
+    from sandcell.client.async_transport import AsyncTransport
+    from sandcell.client.transport import SyncTransport
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -147,7 +148,7 @@ class AsyncBound:
 
     @classmethod
     def _bind_class(cls, fn: Callable[..., Op[Any]], adopt: bool) -> Callable[..., Any]:
-        from sandcell.client.transport import AsyncTransport
+        from sandcell.client.async_transport import AsyncTransport
 
         async def method(*args: Any, **kwargs: Any) -> Any:
             transport = AsyncTransport(_config_of(fn, cls, args, kwargs))

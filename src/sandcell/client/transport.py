@@ -1,28 +1,24 @@
 """The I/O layer: two small interpreters of the effects that operations yield.
 
-`SyncTransport` performs them with `httpx.Client`, `AsyncTransport` with `httpx.AsyncClient`
-(and anyio for sleeping and for local file I/O off the event loop). Everything else, from
-request building to retries, is shared in `protocol` and the operation generators.
+`SyncTransport` (here) performs them with `httpx.Client`; `AsyncTransport` (in
+`async_transport`, so that blocking use never imports asyncio or anyio) with
+`httpx.AsyncClient`. Everything else, from request building to retries, is shared in
+`protocol` and the operation generators; what both transports need of httpx is here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import functools
-import inspect
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
-
-import anyio
-import anyio.to_thread
-import httpx
 
 from sandcell.client.config import ClientConfig
 from sandcell.client.errors import ConnectionFailedError
+from sandcell.client.lean_httpx import httpx
 from sandcell.client.protocol import (
     Blocking,
     Close,
@@ -69,7 +65,7 @@ def _plain_http_context() -> ssl.SSLContext:
     return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
-def _client_options(config: ClientConfig) -> dict[str, Any]:
+def client_options(config: ClientConfig) -> dict[str, Any]:
     https = config.url.startswith("https://")
     return {
         "base_url": config.url,
@@ -80,7 +76,9 @@ def _client_options(config: ClientConfig) -> dict[str, Any]:
     }
 
 
-def _build(client: httpx.Client | httpx.AsyncClient, req: Request, content: Any) -> httpx.Request:
+def build_request(
+    client: httpx.Client | httpx.AsyncClient, req: Request, content: Any
+) -> httpx.Request:
     timeout = (
         httpx.Timeout(req.timeout, connect=client.timeout.connect)
         if req.timeout is not None
@@ -97,7 +95,7 @@ def _build(client: httpx.Client | httpx.AsyncClient, req: Request, content: Any)
     )
 
 
-class _Stream:
+class Stream:
     """A streamed reply: the response and its body iterator."""
 
     def __init__(self, response: httpx.Response, chunks: Any) -> None:
@@ -126,7 +124,7 @@ class OpRun(Generic[T]):
 class SyncTransport:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
-        self._client = httpx.Client(**_client_options(config), transport=config.transport)
+        self._client = httpx.Client(**client_options(config), transport=config.transport)
 
     def close(self) -> None:
         self._client.close()
@@ -186,7 +184,7 @@ class SyncTransport:
         if isinstance(content, FileUpload):
             content = self._upload_body(content, run)
         try:
-            response = self._client.send(_build(self._client, req, content), stream=True)
+            response = self._client.send(build_request(self._client, req, content), stream=True)
         except httpx.HTTPError as exc:
             raise connection_error(exc, self.config) from exc
         run.resources.append(response)
@@ -195,7 +193,7 @@ class SyncTransport:
                 response.status_code,
                 response.headers,
                 b"",
-                _Stream(response, iter(response.iter_bytes())),
+                Stream(response, iter(response.iter_bytes())),
             )
         try:
             body = response.read()
@@ -212,100 +210,3 @@ class SyncTransport:
         while chunk := reader.read():
             yield chunk
             reader.advance(len(chunk))
-
-
-class AsyncTransport:
-    def __init__(self, config: ClientConfig) -> None:
-        self.config = config
-        self._client = httpx.AsyncClient(
-            **_client_options(config), transport=config.async_transport
-        )
-
-    async def close(self) -> None:
-        await self._client.aclose()
-
-    async def run(self, op: Op[T]) -> T:
-        run = OpRun(op)
-        try:
-            effect = run.advance()
-            while not run.done:
-                try:
-                    value = await self._perform(effect, run)
-                except BaseException as exc:  # into the operation: its cleanup runs
-                    effect = run.advance(error=exc)
-                else:
-                    effect = run.advance(value)
-            return run.result  # type: ignore[return-value]
-        finally:
-            op.close()
-            with anyio.CancelScope(shield=True):
-                for resource in run.resources:
-                    await _aclose(resource)
-
-    async def _perform(self, effect: Effect | None, run: OpRun[Any]) -> Any:
-        if isinstance(effect, Send):
-            return await self._send(effect.request, run)
-        if isinstance(effect, Read):
-            try:
-                return await anext(effect.stream.chunks, b"")
-            except httpx.HTTPError as exc:
-                raise connection_error(exc, self.config) from exc
-        if isinstance(effect, Close):
-            return await effect.stream.response.aclose()
-        if isinstance(effect, Sleep):
-            return await anyio.sleep(effect.seconds)
-        if isinstance(effect, Invoke):
-            return await _maybe_await(effect.fn(*effect.args))
-        if isinstance(effect, Blocking):
-            return await anyio.to_thread.run_sync(functools.partial(effect.fn, *effect.args))
-        if isinstance(effect, Spawn):
-            # A task that outlives this call (asyncio): a handle's output follower.
-            return asyncio.ensure_future(self.run(effect.op))
-        if isinstance(effect, Join):
-            return await asyncio.shield(effect.job)
-        raise TypeError(f"unknown effect {effect!r}")
-
-    async def _send(self, req: Request, run: OpRun[Any]) -> Reply:
-        content = req.content
-        if isinstance(content, FileUpload):
-            content = self._upload_body(content, run)
-            run.resources.append(content)
-        try:
-            response = await self._client.send(_build(self._client, req, content), stream=True)
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.config) from exc
-        run.resources.append(response)
-        if req.stream:
-            return Reply(
-                response.status_code,
-                response.headers,
-                b"",
-                _Stream(response, response.aiter_bytes()),
-            )
-        try:
-            body = await response.aread()
-        except httpx.HTTPError as exc:
-            raise connection_error(exc, self.config) from exc
-        finally:
-            await response.aclose()
-        return Reply(response.status_code, response.headers, body)
-
-    @staticmethod
-    async def _upload_body(upload: FileUpload, run: OpRun[Any]) -> AsyncIterator[bytes]:
-        reader = await anyio.to_thread.run_sync(upload.open)
-        run.resources.append(reader)
-        while chunk := await anyio.to_thread.run_sync(reader.read):
-            yield chunk
-            await _maybe_await(reader.advance(len(chunk)))
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _aclose(resource: Any) -> None:
-    for name in ("aclose", "close"):
-        closer = getattr(resource, name, None)
-        if closer is not None:
-            await _maybe_await(closer())
-            return

@@ -157,6 +157,17 @@ class LocalCells:
         with self._lock:
             self._destroying.pop(cell_id, None)
 
+    def stop(self, cell_id: str) -> None:
+        """Kills every process of the cell at once, without waiting for their exits or
+        removing anything: `destroy` does the rest. A cell made without a cgroup has no
+        fork-proof way to be killed quickly, so it is destroyed here."""
+        info = self._read_info(self.cells_dir / _check_id(cell_id))
+        cg = self.cgroups.open(info.cgroup) if info and info.cgroup and self.cgroups else None
+        if cg is None:
+            self.destroy(cell_id)
+            return
+        cg.kill()  # the launcher too: its first step puts itself in the cgroup
+
     def _destroy(self, cell_id: str) -> None:
         cell_dir = self.cells_dir / _check_id(cell_id)
         info = self._read_info(cell_dir)

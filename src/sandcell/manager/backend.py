@@ -41,6 +41,11 @@ class Backend(Protocol):
         """A started cell; on `workspace` (a `workspace_home`) instead of a new one if given."""
         ...
 
+    async def stop(self, cell: dict[str, Any]) -> None:
+        """Every process of the cell killed, quickly: a deletion answers after this and
+        leaves the slower `destroy` to the background."""
+        ...
+
     async def destroy(self, cell: dict[str, Any]) -> None: ...
 
     def workspace_home(self, sandbox_id: str) -> str:
@@ -173,6 +178,9 @@ class LocalBackend:
         except IsolationUnavailable:
             # Its code ran before this restart and may hold the ports: it keeps no egress.
             log.warning("sandbox %s: egress listeners could not be restored", sandbox_id)
+
+    async def stop(self, cell: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._cells_of(cell).stop, str(cell["cell_id"]))
 
     async def destroy(self, cell: dict[str, Any]) -> None:
         sandbox_id = self._sandbox_of.pop(str(cell["cell_id"]), None)

@@ -75,6 +75,7 @@ class Manager:
         self.init_failures = 0
         self._reaper: asyncio.Task[None] | None = None
         self._deleting: dict[str, asyncio.Lock] = {}
+        self._teardowns: dict[str, asyncio.Task[None]] = {}
         self._unhealthy: dict[str, int] = {}
         self.persistence = Persistence(self)
         self.snapshots = Snapshots(self, snapshot_quota_bytes)
@@ -106,6 +107,7 @@ class Manager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        await self.wait_teardowns()  # a deleted sandbox leaves nothing behind at exit
         drained = sum([await pool.drain() for pool in self.pools.values()])
         log.info(
             "warm pools drained: %s destroyed",
@@ -116,6 +118,8 @@ class Manager:
     async def shutdown(self, *, delete_sandboxes: bool = False) -> list[str]:
         """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
         next start to adopt, or which are deleted first with `delete_sandboxes`."""
+        if delete_sandboxes:
+            await self._retry_teardowns(await self.store.list_sandboxes())
         records = [r for r in await self.store.list_sandboxes() if self.backend.owns(r.cell)]
         if delete_sandboxes:
             for record in records:
@@ -273,21 +277,69 @@ class Manager:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return dataclasses.replace(record, network=policy.public())
 
-    async def delete_sandbox(self, sandbox_id: str) -> bool:
+    async def delete_sandbox(self, sandbox_id: str, *, wait: bool = True) -> bool:
         """One deletion per sandbox at a time in this process; a second caller waits and then
-        finds it gone."""
+        finds it gone. Awaited whole by default; with `wait=False` (a user's DELETE) it
+        returns once the sandbox is gone for its owner: its cell's processes killed, its
+        record "deleted" (hidden, counted by no live limit). The cell's teardown then runs in
+        the background; a failure there is logged and retried by the reaper."""
         lock = self._deleting.setdefault(sandbox_id, asyncio.Lock())
         try:
             async with lock:
                 record = await self.store.get_sandbox(sandbox_id)
-                if record is None:
+                if record is None or record.state == "deleted":
                     return False
                 await self.store.update_state(sandbox_id, "deleting")
-                await self._forget(record, record.cell)
+                if wait:  # a cancelled caller leaves the teardown going
+                    await asyncio.shield(self._tear_down(record))
+                else:
+                    self._tear_down(await self._make_unreachable(record))
                 return True
         finally:
             if not lock.locked():
                 self._deleting.pop(sandbox_id, None)
+
+    async def _make_unreachable(self, record: SandboxRecord) -> SandboxRecord:
+        """Nothing of the sandbox runs any more and its owner no longer finds it."""
+        if record.cell:
+            await self.backend.stop(record.cell)
+        gone = dataclasses.replace(record, state="deleted")
+        await self.store.transition(gone, ("deleting",))
+        return gone
+
+    def _tear_down(self, record: SandboxRecord) -> asyncio.Task[None]:
+        """The sandbox's teardown, once per sandbox at a time; `stop` waits for it."""
+        task = self._teardowns.get(record.id)
+        if task is None:
+            task = asyncio.ensure_future(self._forget(record, record.cell))
+            self._teardowns[record.id] = task
+            task.add_done_callback(lambda t: self._torn_down(record.id, t))
+        return task
+
+    def _torn_down(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        del self._teardowns[sandbox_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("sandbox %s: teardown failed: %r", sandbox_id, task.exception())
+
+    async def _retry_teardowns(self, records: list[SandboxRecord]) -> list[str]:
+        """Deleted sandboxes whose teardown is not under way (it failed, or this process
+        restarted meanwhile) are torn down again (a failure is logged by `_torn_down`)."""
+        due = [
+            r
+            for r in records
+            if r.state == "deleted"
+            and r.id not in self._teardowns
+            and (not r.cell or self.backend.owns(r.cell))
+        ]
+        for record in due:
+            with contextlib.suppress(Exception):  # logged by _torn_down; retried next pass
+                await asyncio.shield(self._tear_down(record))
+        return [r.id for r in due]
+
+    async def wait_teardowns(self) -> None:
+        """Until every teardown under way has ended (graceful shutdown, tests)."""
+        while self._teardowns:
+            await asyncio.gather(*self._teardowns.values(), return_exceptions=True)
 
     async def _forget(self, record: SandboxRecord, cell: dict[str, Any] | None) -> None:
         """Everything of a sandbox goes: its cell if any, its kept workspace, its record
@@ -321,13 +373,15 @@ class Manager:
         """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
         created with on_timeout "pause"; paused ones past their paused TTL and those whose
         daemon died are deleted."""
+        records = await self.store.list_sandboxes()  # one listing for both passes below
+        retried = await self._retry_teardowns(records)
         due = await self.store.due_for_reaping(now or time.time(), limit=500)
-        dead = await self._dead_daemons(set(due))
+        dead = await self._dead_daemons(set(due), records)
         for sandbox_id in due:
             await self._expire(sandbox_id)
         for sandbox_id in dead:
             await self.delete_sandbox(sandbox_id)
-        return due + dead
+        return retried + [d for d in due if d not in retried] + dead
 
     async def _expire(self, sandbox_id: str) -> None:
         record = await self.store.get_sandbox(sandbox_id)
@@ -341,11 +395,11 @@ class Manager:
                 log.warning("sandbox %s could not be paused: %s", sandbox_id, exc.message)
         await self.delete_sandbox(sandbox_id)
 
-    async def _dead_daemons(self, skip: set[str]) -> list[str]:
+    async def _dead_daemons(self, skip: set[str], records: list[SandboxRecord]) -> list[str]:
         """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
         answer under load is not a death)."""
         dead, seen = [], set()
-        for record in await self.store.list_sandboxes():
+        for record in records:
             if record.id in skip or record.state != "running":
                 continue  # a deletion under way owns it
             seen.add(record.id)
@@ -386,6 +440,10 @@ class Manager:
             if record.state == "snapshotting":  # thawed and back to running or paused
                 record = await self.persistence.settle(record)
             handle = cells.pop(_key(record.cell), None)
+            if record.state in ("deleting", "deleted"):  # its owner asked for it to go
+                await self._forget(record, None if handle is None else handle.cell)
+                dropped.append(record.id)
+                continue
             if record.state in ("pausing", "resuming"):
                 moving.append(record)  # settled once the orphan cells are gone
             if record.state in ("paused", "pausing", "resuming"):

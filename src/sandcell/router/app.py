@@ -124,15 +124,17 @@ class Router:
         )
 
     async def delete(self, record: SandboxRecord) -> None:
+        """Answers once the sandbox is gone for its owner (its processes killed); the cell's
+        teardown (unmount, loop device, cgroup) goes on in the manager's background."""
         self.proxy.forget(record)
-        await self.manager.delete_sandbox(record.id)
+        await self.manager.delete_sandbox(record.id, wait=False)
 
     async def owned(self, request: Request) -> tuple[Principal, SandboxRecord]:
         """The caller's sandbox; another principal's is 404 (its existence is not revealed)."""
         principal = await self.principal(request)
         sandbox_id = request.path_params["sandbox_id"]
         record = await self.store.get_sandbox(sandbox_id)
-        if record is None or not principal.owns(record.owner):
+        if record is None or record.state == "deleted" or not principal.owns(record.owner):
             raise SandcellError(
                 ErrorCode.SANDBOX_NOT_FOUND,
                 f"sandbox {sandbox_id} not found",
@@ -157,7 +159,8 @@ async def list_sandboxes(request: Request) -> Response:
     r = _router(request)
     principal = await r.principal(request)
     records = await r.store.list_sandboxes(None if principal.admin else principal.name)
-    return JSONResponse({"sandboxes": [schemas.sandbox_view(x) for x in records]})
+    views = [schemas.sandbox_view(x) for x in records if x.state != "deleted"]
+    return JSONResponse({"sandboxes": views})
 
 
 async def get_sandbox(request: Request) -> Response:

@@ -17,11 +17,21 @@ from functools import cache
 from typing import Any, Literal, Self, get_args, get_origin, get_type_hints
 
 State = Literal[
-    "creating", "running", "deleting", "failed", "pausing", "paused", "resuming", "snapshotting"
+    "creating",
+    "running",
+    "deleting",
+    "deleted",
+    "failed",
+    "pausing",
+    "paused",
+    "resuming",
+    "snapshotting",
 ]
 STATES: frozenset[str] = frozenset(get_args(State))
-# A sandbox in one of these holds no cell: it counts against no live limit (SPEC §13).
-PARKED_STATES: tuple[str, ...] = ("paused",)
+# A sandbox in one of these counts against no live limit: a paused one holds no cell (SPEC
+# §13); a deleted one is gone for its owner, its cell's processes are dead and only the
+# cell's teardown is pending (the manager's background teardown, retried by the reaper).
+PARKED_STATES: tuple[str, ...] = ("paused", "deleted")
 
 Flat = dict[str, str | int | float]
 

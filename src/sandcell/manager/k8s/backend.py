@@ -209,6 +209,10 @@ class KubernetesBackend:
         except httpx2.HTTPError as exc:
             log.warning("could not delete pod %s: %s", name, exc)
 
+    async def stop(self, cell: dict[str, Any]) -> None:
+        """The pod's deletion: the API server marks it at once, the kubelet kills it."""
+        await self.destroy(cell)
+
     async def destroy(self, cell: dict[str, Any]) -> None:
         await self._delete(str(cell["namespace"]), str(cell["pod"]))
 
