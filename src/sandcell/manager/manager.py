@@ -354,7 +354,7 @@ class Manager:
         """Deletes a template's built image when no sandbox of the template lives; its warm
         cells go first (they run on it)."""
         template = self.template(name)
-        users = [r.id for r in await self.store.list_sandboxes() if r.template == name]
+        users = await self._image_users(name)
         if users:
             raise SandcellError(
                 ErrorCode.CONFLICT,
@@ -366,6 +366,16 @@ class Manager:
         await pool.drain()
         pool.size = size  # refilled once the image is built again
         return await asyncio.to_thread(self.images.remove, template)
+
+    async def _image_users(self, name: str) -> list[str]:
+        """The sandboxes of template `name`; deleted ones whose teardown is under way hold
+        the image until it ends, so it is awaited first (one that failed still holds it)."""
+        records = [r for r in await self.store.list_sandboxes() if r.template == name]
+        going = [self._teardowns[r.id] for r in records if r.id in self._teardowns]
+        if not going:
+            return [r.id for r in records]
+        await asyncio.gather(*going, return_exceptions=True)
+        return [r.id for r in await self.store.list_sandboxes() if r.template == name]
 
     # -- expiry and reconciliation --------------------------------------------------------
 
