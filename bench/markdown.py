@@ -10,6 +10,9 @@ EXTRA = (
     "baseline_mb_per_s",
     "cores",
     "pss_mb",
+    "anon_mb",
+    "file_mb",
+    "shmem_mb",
     "exec_ok",
     "cells_left_after_delete",
 )
