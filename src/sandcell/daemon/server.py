@@ -7,17 +7,16 @@ import contextlib
 import ctypes
 import importlib
 import os
+import signal
 import socket
 import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
-
-import uvicorn
 
 from sandcell.daemon import processes, spawn
 from sandcell.daemon.app import create_app
 from sandcell.daemon.config import ConfigError, DaemonConfig, load
+from sandcell.daemon.httpserver import Server
 
 _PR_SET_DUMPABLE = 4
 # Beside the workspace, what commands may write: scratch space and the usual devices
@@ -87,24 +86,6 @@ def harden_self(config: DaemonConfig) -> None:
     spawn.start(oom_score, confine_commands)
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn wakes ten times a second to look for a stop request; across hundreds of idle
-    cells that is real CPU spent on nothing. This one sleeps until a signal asks it to stop.
-    The price is a `Date` header frozen at start, so none is sent (the router sets its own)."""
-
-    async def main_loop(self) -> None:
-        self._stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        self._wake = lambda: loop.call_soon_threadsafe(self._stop.set)
-        if not await self.on_tick(0):  # sets the default headers once
-            await self._stop.wait()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if (wake := getattr(self, "_wake", None)) is not None:
-            wake()
-
-
 async def _reap_orphans_forever(app_runner: processes.OrphanSource) -> None:
     while True:
         await asyncio.sleep(ORPHAN_REAP_INTERVAL_S)
@@ -115,23 +96,18 @@ def serve(config: DaemonConfig) -> None:
     sock = bind_socket(config)
     harden_self(config)
     app = create_app(config)
-    server = _QuietServer(
-        uvicorn.Config(
-            app,
-            loop="uvloop",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-            timeout_keep_alive=75,
-            date_header=False,
-        )
-    )
+    server = Server(app)
 
     async def main() -> None:
+        # The server sleeps until a signal asks it to stop: no periodic tick across hundreds
+        # of idle cells. No `Date` header is sent (the router sets its own).
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         reaper = asyncio.ensure_future(_reap_orphans_forever(app.state.daemon.runner))
         try:
-            await server.serve(sockets=[sock])
+            await server.serve(sock, stop)
         finally:
             reaper.cancel()
             app.state.daemon.contexts.close_all()
