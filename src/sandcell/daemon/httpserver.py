@@ -273,6 +273,8 @@ class Exchange:
         self.done = False
         self.chunked = False
         self.remaining: int | None = None  # of a declared Content-Length
+        self._head = b""
+        self._head_flush: asyncio.Handle | None = None
         self.expects_continue = any(
             n == b"expect" and v.lower() == b"100-continue" for n, v in scope["headers"]
         )
@@ -345,20 +347,33 @@ class Exchange:
         if not self.keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
-        self.connection.transport.write(b"".join(head))
+        # Sent with the first body piece, usually in the same step: one write, one wake-up
+        # of the client; or on its own at the loop's next turn if the body takes longer.
+        self._head = b"".join(head)
+        self._head_flush = self.connection.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        if not self.connection.transport.is_closing():
+            self.connection.transport.write(self._head)
+        self._head = b""
 
     def _write(self, body: bytes, more_body: bool) -> None:
-        transport = self.connection.transport
+        if self._head_flush is not None:
+            self._head_flush.cancel()
+            self._head_flush = None
+        pieces = [self._head] if self._head else []
+        self._head = b""
         if self.chunked:
             if body:
-                transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+                pieces += [b"%x\r\n" % len(body), body, b"\r\n"]
             if not more_body:
-                transport.write(b"0\r\n\r\n")
+                pieces.append(b"0\r\n\r\n")
         elif self.remaining is not None and self.scope["method"] != "HEAD":
             if len(body) > self.remaining:
                 raise RuntimeError("response longer than its Content-Length")
             self.remaining -= len(body)
-            transport.write(body)
+            pieces.append(body)
+        self.connection.transport.writelines(pieces)  # no copy of a large body
         if more_body:
             return
         if self.remaining and not self.chunked:
