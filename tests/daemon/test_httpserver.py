@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -169,3 +170,36 @@ def _rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+def test_a_client_leaving_a_quiet_stream_stops_its_command(daemon, conn):
+    """The streamed exec waits for output that does not come; the client hangs up: the
+    command is killed at once, not when it next writes."""
+    marker = f"quiet-{time.monotonic_ns()}"
+    body = json.dumps({"command": f"echo started; sleep 30; : {marker}"}).encode()
+    auth = _signed(daemon, "POST", "/v1/exec", body)
+    head = (
+        f"POST /v1/exec HTTP/1.1\r\nhost: d\r\n{auth}accept: application/x-ndjson\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    conn.sendall(head.encode() + body)
+    received = b""
+    while b"started" not in received:
+        received += _recv(conn)
+    assert _pids_with(marker)
+    conn.close()
+    deadline = time.monotonic() + 5
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pids_with(marker)
+
+
+def _pids_with(marker: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found

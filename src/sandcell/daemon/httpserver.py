@@ -110,6 +110,11 @@ class Connection(asyncio.Protocol):
                 exchange.disconnected = True
                 exchange.message.set()
         self.writable.set()
+        active = self.active
+        if active is not None and active.started and not active.done and active.task:
+            # A stream waiting for its next piece (a follow, a quiet command) would not
+            # learn of it before it sends: stopped now, as Starlette's watcher did.
+            active.task.cancel()
 
     def data_received(self, data: bytes) -> None:
         self._cancel_keep_alive()
@@ -189,7 +194,9 @@ class Connection(asyncio.Protocol):
         path = raw_path.decode("ascii", "replace")
         return {
             "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            # 2.4: `send` raises once the client is gone, so Starlette streams without an
+            # anyio task group watching for the disconnect (see `connection_lost`).
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
             "http_version": self.parser.get_http_version(),
             "server": None,
             "client": None,
@@ -204,7 +211,7 @@ class Connection(asyncio.Protocol):
 
     def _start(self, exchange: Exchange) -> None:
         self.active = exchange
-        self.loop.create_task(exchange.run(self.server.app))
+        exchange.task = self.loop.create_task(exchange.run(self.server.app))
 
     def finished(self, exchange: Exchange) -> None:
         """The response is complete: the next pipelined request, or an idle connection."""
@@ -258,6 +265,10 @@ class Connection(asyncio.Protocol):
         self.transport.set_protocol(protocol)
 
 
+class ClientDisconnected(OSError):
+    """What `send` raises once the client is gone (ASGI 2.4)."""
+
+
 class Exchange:
     """One request and its response, as the ASGI app sees them."""
 
@@ -269,6 +280,7 @@ class Exchange:
         self.more_body = True
         self.message = asyncio.Event()
         self.disconnected = False
+        self.task: asyncio.Task[None] | None = None
         self.started = False
         self.done = False
         self.chunked = False
@@ -282,7 +294,12 @@ class Exchange:
     async def run(self, app: ASGIApp) -> None:
         try:
             await app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:
+            if not self.disconnected:
+                raise
         except Exception:
+            if self.disconnected:  # the client left: what failed after that is no bug
+                return
             log.exception("unhandled error in the daemon's app")
             if not self.started:
                 self.keep_alive = False
@@ -312,7 +329,7 @@ class Exchange:
     async def send(self, message: Message) -> None:
         await self.connection.writable.wait()
         if self.disconnected or self.connection.transport.is_closing():
-            return
+            raise ClientDisconnected("the client is gone")
         if not self.started:
             if message["type"] != "http.response.start":
                 raise RuntimeError(f"expected http.response.start, got {message['type']}")

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib
 import os
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Sequence
 
 from sandcell.daemon import processes, spawn
@@ -25,8 +23,6 @@ _PR_SET_DUMPABLE = 4
 CELL_SCRATCH = ("/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty",  # noqa: S108
                 "/dev/pts")  # fmt: skip
 ORPHAN_REAP_INTERVAL_S = 5.0
-PRELOAD_AFTER_S = 1.0
-LATER_IMPORTS = ("anyio._backends._asyncio", "anyio.lowlevel", "anyio.streams.memory")
 
 
 def bind_socket(config: DaemonConfig) -> socket.socket:
@@ -114,18 +110,7 @@ def serve(config: DaemonConfig) -> None:
 
     import uvloop
 
-    _preload_in_background(LATER_IMPORTS)
     uvloop.run(main())
-
-
-def _preload_in_background(modules: Sequence[str]) -> None:
-    """Imports what the first streamed response needs (anyio's asyncio backend, for
-    Starlette's StreamingResponse: ~20 ms in a cell) on a thread, a while after start: a
-    pooled cell is ready before it is claimed, and a cold start's `/health` and `/init` do
-    not compete with it for the GIL."""
-    timer = threading.Timer(PRELOAD_AFTER_S, lambda: [importlib.import_module(m) for m in modules])
-    timer.daemon = True
-    timer.start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
