@@ -32,6 +32,8 @@ KEEP_ALIVE_S = 75.0
 BODY_HIGH_WATER = 65_536
 # Request line and headers; llhttp itself sets no bound.
 MAX_HEAD_BYTES = 65_536
+# Smaller bodies are joined with their framing into one write; larger ones are not copied.
+COPY_BELOW = 65_536
 _BAD_REQUEST = (
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 30\r\nconnection: close\r\n\r\nInvalid HTTP request received."
@@ -327,7 +329,8 @@ class Exchange:
         return message
 
     async def send(self, message: Message) -> None:
-        await self.connection.writable.wait()
+        if not self.connection.writable.is_set():  # the client reads slower than we write
+            await self.connection.writable.wait()
         if self.disconnected or self.connection.transport.is_closing():
             raise ClientDisconnected("the client is gone")
         if not self.started:
@@ -390,7 +393,10 @@ class Exchange:
                 raise RuntimeError("response longer than its Content-Length")
             self.remaining -= len(body)
             pieces.append(body)
-        self.connection.transport.writelines(pieces)  # no copy of a large body
+        if len(body) < COPY_BELOW:
+            self.connection.transport.write(b"".join(pieces))
+        else:  # no copy of a large body
+            self.connection.transport.writelines(pieces)
         if more_body:
             return
         if self.remaining and not self.chunked:
