@@ -5,8 +5,9 @@
 * Request tokens: signed by the session key, one per proxied request, bound to the method,
   the path with its query string and (when buffered) the body.
 
-The algorithm is never read from the token: it follows from the key type, so `none`, HS*
-and any algorithm swap are refused by construction.
+Signatures are `sandcell.jws`'s: the algorithm follows from the key type, never from the
+token, so `none`, HS* and any algorithm swap are refused by construction. The claims are
+checked here, each one PyJWT would check and the ones it does not (lifetime, jti).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from sandcell import jws
+from sandcell.jws import PrivateKey, PublicKey, algorithm_for
 
 MANAGER_ISSUER = "sandcell-manager"
 ROUTER_ISSUER = "sandcell-router"
@@ -28,10 +31,6 @@ DAEMON_AUDIENCE = "sandcell-daemon"
 BOOTSTRAP_MAX_TTL_S = 120
 REQUEST_MAX_TTL_S = 300
 LEEWAY_S = 30
-MIN_RSA_BITS = 2048
-
-PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
-PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
 
 _BOOTSTRAP_CLAIMS = ("iss", "aud", "sub", "iat", "exp", "jti", "session_public_key")
 _REQUEST_CLAIMS = ("iss", "aud", "sub", "iat", "exp", "jti", "htm", "htu")
@@ -50,19 +49,6 @@ class VerifiedToken:
     jti: str
     exp: float
     claims: dict[str, Any]
-
-
-def algorithm_for(key: PrivateKey | PublicKey) -> str:
-    """The one algorithm a key may be used with."""
-    if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
-        if not isinstance(key.curve, ec.SECP256R1):
-            raise ValueError(f"unsupported EC curve {key.curve.name}; use P-256")
-        return "ES256"
-    if isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
-        if key.key_size < MIN_RSA_BITS:
-            raise ValueError(f"RSA keys must have at least {MIN_RSA_BITS} bits")
-        return "RS256"
-    raise ValueError(f"unsupported key type {type(key).__name__}")
 
 
 def generate_p256() -> ec.EllipticCurvePrivateKey:
@@ -119,7 +105,7 @@ def check_streamed_body(verified: VerifiedToken, sha256_digest: bytes) -> None:
 def _mint(key: PrivateKey, claims: dict[str, Any], ttl_s: int) -> str:
     now = int(time.time())
     payload = {"iat": now, "exp": now + ttl_s, "jti": secrets.token_urlsafe(16), **claims}
-    return jwt.encode(payload, key, algorithm=algorithm_for(key))
+    return jws.sign(payload, key)
 
 
 def mint_bootstrap_token(
@@ -165,27 +151,36 @@ def _decode(
     token: str, key: PublicKey, issuer: str, required: tuple[str, ...], max_ttl_s: int
 ) -> dict[str, Any]:
     try:
-        claims = jwt.decode(
-            token,
-            key,
-            algorithms=[algorithm_for(key)],
-            audience=DAEMON_AUDIENCE,
-            issuer=issuer,
-            leeway=LEEWAY_S,
-            options={"require": list(required), "strict_aud": True},
-        )
-    except jwt.PyJWTError as exc:
-        raise TokenError(str(exc) or type(exc).__name__) from exc
-    iat, exp, jti = claims["iat"], claims["exp"], claims["jti"]
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (iat, exp)):
-        raise TokenError("iat and exp must be numbers")
-    if iat > time.time() + LEEWAY_S:
-        raise TokenError("token issued in the future")
-    if exp - iat > max_ttl_s:
-        raise TokenError(f"token lifetime exceeds {max_ttl_s} s")
-    if not isinstance(jti, str) or not jti:
+        claims = jws.verify(token, key)
+    except jws.JWSError as exc:
+        raise TokenError(str(exc)) from exc
+    if missing := [name for name in required if claims.get(name) is None]:
+        raise TokenError(f"token is missing the {missing[0]!r} claim")
+    if claims["aud"] != DAEMON_AUDIENCE:  # one string: a list is refused (strict)
+        raise TokenError("invalid audience")
+    if claims["iss"] != issuer:
+        raise TokenError("invalid issuer")
+    if not isinstance(claims["sub"], str):
+        raise TokenError("sub must be a string")
+    _check_times(claims, max_ttl_s)
+    if not isinstance(claims["jti"], str) or not claims["jti"]:
         raise TokenError("jti must be a non-empty string")
     return claims
+
+
+def _check_times(claims: dict[str, Any], max_ttl_s: int) -> None:
+    iat, exp, nbf = claims["iat"], claims["exp"], claims.get("nbf", 0)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (iat, exp, nbf)):
+        raise TokenError("iat, exp and nbf must be numbers")
+    now = time.time()
+    if exp <= now - LEEWAY_S:
+        raise TokenError("token has expired")
+    if iat > now + LEEWAY_S:
+        raise TokenError("token issued in the future")
+    if nbf > now + LEEWAY_S:
+        raise TokenError("token not yet valid (nbf)")
+    if exp - iat > max_ttl_s:
+        raise TokenError(f"token lifetime exceeds {max_ttl_s} s")
 
 
 def verify_bootstrap_token(token: str, key: PublicKey, sandbox_id: str) -> VerifiedToken:

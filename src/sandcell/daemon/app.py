@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,14 +30,7 @@ from sandcell.daemon.runner import CommandSpec, OutputQueue, Runner
 from sandcell.daemon.workspace import Workspace
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http import ndjson
-from sandcell.http.bodies import (
-    ModelT,
-    declared_length,
-    parse_model,
-    path_with_query,
-    read_body,
-    stream_body,
-)
+from sandcell.http.bodies import declared_length, path_with_query, read_body, stream_body
 from sandcell.http.errors import EXCEPTION_HANDLERS
 from sandcell.http.openapi import Operation, Query, openapi, routes
 from sandcell.tokens import VerifiedToken
@@ -70,10 +65,10 @@ class Daemon:
             body_required,
         )
 
-    async def json_body(self, request: Request, model: type[ModelT]) -> ModelT:
+    async def json_body(self, request: Request, shape: type[schemas.ShapeT]) -> schemas.ShapeT:
         body = await read_body(request, MAX_JSON_BODY)
         self.authorize(request, body, body_required=True)
-        return parse_model(model, body)
+        return schemas.parse(shape, body)
 
     def command_env(self, request: dict[str, str] | None) -> dict[str, str]:
         """The environment of a process of the user: the allow-list, never os.environ."""
@@ -135,7 +130,7 @@ async def health(request: Request) -> Response:
 
 async def init(request: Request) -> Response:
     body = await read_body(request, MAX_JSON_BODY)
-    req = parse_model(schemas.InitRequest, body)
+    req = schemas.parse(schemas.InitRequest, body)
     _daemon(request).guard.initialize(req.token)
     return JSONResponse({"status": "initialized"})
 
@@ -264,8 +259,14 @@ async def exposed_port_websocket(websocket: WebSocket) -> None:
     await ports.relay_websocket(websocket)
 
 
-async def openapi_document(request: Request) -> Response:
-    return JSONResponse(request.app.state.openapi)
+@functools.cache
+def _document() -> dict[str, Any]:
+    # Built when first asked for: routers rarely ask, every cell start would pay for it.
+    return openapi("sandcell daemon", __version__, OPERATIONS)
+
+
+async def openapi_document(_: Request) -> Response:
+    return JSONResponse(_document())
 
 
 OCTETS = "application/octet-stream"
@@ -384,5 +385,4 @@ def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> S
         routes=[*routes(OPERATIONS), *websockets], exception_handlers=EXCEPTION_HANDLERS
     )
     app.state.daemon = Daemon(config, dict(os.environ) if environ is None else environ)
-    app.state.openapi = openapi("sandcell daemon", __version__, OPERATIONS)
     return app

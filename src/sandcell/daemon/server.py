@@ -5,19 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib
 import os
+import signal
 import socket
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
-
-import uvicorn
 
 from sandcell.daemon import processes, spawn
 from sandcell.daemon.app import create_app
 from sandcell.daemon.config import ConfigError, DaemonConfig, load
+from sandcell.daemon.httpserver import Server
 
 _PR_SET_DUMPABLE = 4
 # Beside the workspace, what commands may write: scratch space and the usual devices
@@ -26,8 +23,6 @@ _PR_SET_DUMPABLE = 4
 CELL_SCRATCH = ("/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty",  # noqa: S108
                 "/dev/pts")  # fmt: skip
 ORPHAN_REAP_INTERVAL_S = 5.0
-PRELOAD_AFTER_S = 1.0
-LATER_IMPORTS = ("anyio._backends._asyncio", "anyio.lowlevel", "anyio.streams.memory")
 
 
 def bind_socket(config: DaemonConfig) -> socket.socket:
@@ -87,24 +82,6 @@ def harden_self(config: DaemonConfig) -> None:
     spawn.start(oom_score, confine_commands)
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn wakes ten times a second to look for a stop request; across hundreds of idle
-    cells that is real CPU spent on nothing. This one sleeps until a signal asks it to stop.
-    The price is a `Date` header frozen at start, so none is sent (the router sets its own)."""
-
-    async def main_loop(self) -> None:
-        self._stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        self._wake = lambda: loop.call_soon_threadsafe(self._stop.set)
-        if not await self.on_tick(0):  # sets the default headers once
-            await self._stop.wait()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if (wake := getattr(self, "_wake", None)) is not None:
-            wake()
-
-
 async def _reap_orphans_forever(app_runner: processes.OrphanSource) -> None:
     while True:
         await asyncio.sleep(ORPHAN_REAP_INTERVAL_S)
@@ -115,41 +92,25 @@ def serve(config: DaemonConfig) -> None:
     sock = bind_socket(config)
     harden_self(config)
     app = create_app(config)
-    server = _QuietServer(
-        uvicorn.Config(
-            app,
-            loop="uvloop",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-            timeout_keep_alive=75,
-            date_header=False,
-        )
-    )
+    server = Server(app)
 
     async def main() -> None:
+        # The server sleeps until a signal asks it to stop: no periodic tick across hundreds
+        # of idle cells. No `Date` header is sent (the router sets its own).
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         reaper = asyncio.ensure_future(_reap_orphans_forever(app.state.daemon.runner))
         try:
-            await server.serve(sockets=[sock])
+            await server.serve(sock, stop)
         finally:
             reaper.cancel()
             app.state.daemon.contexts.close_all()
 
     import uvloop
 
-    _preload_in_background(LATER_IMPORTS)
     uvloop.run(main())
-
-
-def _preload_in_background(modules: Sequence[str]) -> None:
-    """Imports what the first streamed response needs (anyio's asyncio backend, for
-    Starlette's StreamingResponse: ~20 ms in a cell) on a thread, a while after start: a
-    pooled cell is ready before it is claimed, and a cold start's `/health` and `/init` do
-    not compete with it for the GIL."""
-    timer = threading.Timer(PRELOAD_AFTER_S, lambda: [importlib.import_module(m) for m in modules])
-    timer.daemon = True
-    timer.start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
