@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import os
@@ -24,12 +23,12 @@ from sandcell.daemon.auth import Guard
 from sandcell.daemon.code.contexts import Contexts
 from sandcell.daemon.code.routes import CODE_OPERATIONS
 from sandcell.daemon.config import DaemonConfig
+from sandcell.daemon.exec_stream import exec_stream
 from sandcell.daemon.files import Files
 from sandcell.daemon.proctable import ProcessTable
-from sandcell.daemon.runner import CommandSpec, OutputQueue, Runner
+from sandcell.daemon.runner import CommandSpec, Runner
 from sandcell.daemon.workspace import Workspace
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http import ndjson
 from sandcell.http.bodies import declared_length, path_with_query, read_body, stream_body
 from sandcell.http.errors import EXCEPTION_HANDLERS
 from sandcell.http.openapi import Operation, Query, openapi, routes
@@ -139,27 +138,12 @@ async def exec_command(request: Request) -> Response:
     d = _daemon(request)
     spec = d.command_spec(await d.json_body(request, schemas.ExecRequest))
     if NDJSON in request.headers.get("accept", ""):
-        return StreamingResponse(_exec_events(d.runner, spec), media_type=NDJSON)
+        return StreamingResponse(exec_stream(d.runner, spec), media_type=NDJSON)
     result = await d.runner.run(spec)
     if result.stdout.size + result.stderr.size <= BUFFERED_RESULT_BYTES:
         # The common small result: one body, one write (streaming costs ~1 ms a call).
         return Response(b"".join(result.iter_json()), media_type="application/json")
     return StreamingResponse(_in_loop(result.iter_json()), media_type="application/json")
-
-
-def _exec_events(runner: Runner, spec: CommandSpec) -> AsyncIterator[bytes]:
-    """NDJSON: output lines as they arrive, then one exit line. The queue is bounded: a
-    reader that falls behind holds the command back instead of growing the daemon."""
-    queue = OutputQueue()
-
-    async def run() -> ndjson.Event:
-        return {"type": "exit", **(await runner.run(spec, queue)).summary()}
-
-    async def next_event() -> ndjson.Event:
-        stream, text = await queue.get()
-        return {"type": stream, "data": text}
-
-    return ndjson.relay(asyncio.ensure_future(run()), next_event, lambda: bool(queue))
 
 
 async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
@@ -173,6 +157,9 @@ async def write_file(request: Request) -> Response:
     d = _daemon(request)
     verified = d.authorize(request, None, body_required=False)
     path = _query(request, "path")
+    length = declared_length(request)
+    if "bsh" not in verified.claims:  # a streamed upload: no digest to hold it against
+        return JSONResponse(await d.files.write(path, stream_body(request), length))
     digest = hashlib.sha256()
 
     async def hashed() -> AsyncIterator[bytes]:
@@ -184,7 +171,7 @@ async def write_file(request: Request) -> Response:
         # Streamed uploads are hashed on the fly; a bound body must match before commit.
         d.guard.check_streamed_body(verified, digest.digest())
 
-    entry = await d.files.write(path, hashed(), declared_length(request), check_body)
+    entry = await d.files.write(path, hashed(), length, check_body)
     return JSONResponse(entry)
 
 

@@ -117,9 +117,6 @@ class OutputQueue:
         self._ready.set()
         return self._size >= self.high_water
 
-    def __len__(self) -> int:
-        return len(self._items)
-
     def on_drained(self, resume: Callable[[], None]) -> None:
         self._resume = resume
 
@@ -132,11 +129,6 @@ class OutputQueue:
         if not self._items:
             self._ready.clear()
             await self._ready.wait()
-
-    async def get(self) -> tuple[str, str]:
-        while not self._items:
-            await self.wait()
-        return self._pop()
 
     def take(self) -> list[tuple[str, str]]:
         """Everything queued, as few pieces as the interleaving of the streams allows."""

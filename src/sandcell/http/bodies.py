@@ -1,16 +1,21 @@
-"""Bounded request bodies and pydantic parsing into the spec's 400 shape."""
+"""Bounded request bodies and pydantic parsing into the spec's 400 shape.
+
+pydantic is imported by the router's models, never here: the daemon, whose bodies are
+msgspec Structs, starts without it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from sandcell.errors import ErrorCode, SandcellError
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+ModelT = TypeVar("ModelT", bound="BaseModel")
 # Scope key of the request's share of a byte budget for buffered bodies (the router sets it
 # once it knows who is calling; without one, only `limit` bounds a body).
 BODY_BUDGET = "sandcell.body_budget"
@@ -63,6 +68,8 @@ async def stream_body(request: Request) -> AsyncIterator[bytes]:
 
 
 def parse_model(model: type[ModelT], body: bytes) -> ModelT:
+    from pydantic import ValidationError  # loaded already: `model` is a pydantic model
+
     if not body:
         raise SandcellError(ErrorCode.BAD_REQUEST, "request body must be a JSON object")
     try:

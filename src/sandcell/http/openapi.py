@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-class ErrorDetail(BaseModel):
-    code: str
-    message: str
-    details: dict[str, Any]
+@functools.cache
+def _error_body() -> type[BaseModel]:
+    """SPEC §1's error shape, as a model built when a document is first asked for (the
+    daemon builds its document on demand and otherwise never loads pydantic)."""
+    from pydantic import BaseModel
 
+    class ErrorDetail(BaseModel):
+        code: str
+        message: str
+        details: dict[str, Any]
 
-class ErrorBody(BaseModel):
-    error: ErrorDetail
+    class ErrorBody(BaseModel):
+        error: ErrorDetail
+
+    return ErrorBody
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ def _operation(op: Operation, schemas: dict[str, Any]) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "success"}
     if op.response is not None:
         ok["content"] = _content(op.response, schemas)
-    error = {"description": "error", "content": _content(ErrorBody, schemas)}
+    error = {"description": "error", "content": _content(_error_body(), schemas)}
     codes = sorted({400, 500, *op.errors, *((401,) if op.secured else ())})
     doc["responses"] = {str(op.status): ok, **{str(c): error for c in codes}}
     if op.secured:
