@@ -127,3 +127,26 @@ def test_eight_threads_touching_at_once(db: Path, sealer: Sealer, shared: bool) 
     records = asyncio.run(setup.list_sandboxes())
     assert [r.last_activity_at for r in records] == [T0 + touches - 1] * threads
     asyncio.run(setup.close())
+
+
+def test_processes_opening_a_fresh_file_at_once_all_get_in(tmp_path: Path, sealer: Sealer) -> None:
+    """Switching a fresh file to WAL does not wait on the busy handler: without a retry,
+    about one of a thousand concurrent opens failed with "database is locked"."""
+    errors: list[BaseException] = []
+    for round_ in range(40):
+        db = tmp_path / f"fresh-{round_}.db"
+        start = threading.Barrier(16)
+
+        def open_one(db: Path = db, start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                asyncio.run(SQLiteStore(db, sealer).close())
+            except BaseException as e:
+                errors.append(e)
+
+        openers = [threading.Thread(target=open_one) for _ in range(16)]
+        for t in openers:
+            t.start()
+        for t in openers:
+            t.join()
+    assert errors == []
