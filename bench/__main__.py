@@ -84,7 +84,9 @@ def run(groups: list[str], sizes: Sizes) -> Rows:
             finally:
                 warm.close()
         for group in (g for g in groups if g in ALONE):
-            rows += ALONE[group](Path(tmp), sizes)
+            own = Path(tmp) / group  # servers of different groups never share a data dir
+            own.mkdir()
+            rows += ALONE[group](own, sizes)
     return rows
 
 
