@@ -61,12 +61,16 @@ def file_transfers(server: Server, size_mb: int, repeats: int) -> list[Row]:
             for _ in range(size_mb):
                 out.write(os.urandom(MB))
         sbx = _sandbox(server)
-        copies, up, down = [], [], []
+        url = f"{server.srv.url}/v1/sandboxes/{sbx.id}/files?path=blob"
+        auth = f"authorization: Bearer {server.key}"
+        discard = _quiet(["curl", "-sf", "-o", "/dev/null", "-H", auth, url])
+        copies, up, down, path_only = [], [], [], []
         try:
             for _ in range(repeats):
                 copies.append(_timed(lambda: shutil.copyfile(local, Path(tmp) / "copy")))
                 up.append(_timed(lambda: sbx.files.upload(local, "blob")))
                 down.append(_timed(lambda: sbx.files.download("blob", Path(tmp) / "back")))
+                path_only.append(_timed(discard))
         finally:
             sbx.kill()
     base = _rate(f"cp of a {size_mb} MB file (host)", size_mb, copies, "")
@@ -75,6 +79,8 @@ def file_transfers(server: Server, size_mb: int, repeats: int) -> list[Row]:
         base,
         _rate(f"upload {size_mb} MB (SDK, through the router)", size_mb, up, target, base),
         _rate(f"download {size_mb} MB (SDK, through the router)", size_mb, down, target, base),
+        # What the router and the daemon deliver when no disk write follows on the client.
+        _rate(f"download {size_mb} MB, curl to /dev/null", size_mb, path_only, "", base),
     ]
 
 
