@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
 
 from sandcell import tokens
-from sandcell.isolation.cell import UID_REGISTRY, LocalCells, new_cell_id
+from sandcell.isolation.cell import (
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_COUNT,
+    UID_REGISTRY,
+    LocalCells,
+    new_cell_id,
+)
 from sandcell.isolation.policy import CellPolicy
 from support.cells import cleanup_cgroup_parent
 
@@ -28,3 +35,31 @@ def test_two_instances_never_share_a_uid(tmp_path):
         cleanup_cgroup_parent(parent)
     assert not (UID_REGISTRY / str(a.uid)).exists()
     assert not (UID_REGISTRY / str(b.uid)).exists()
+
+
+def test_a_uid_some_process_still_runs_as_is_never_handed_out(tmp_path):
+    """A cell whose directory was removed from under it can outlive its claim; the next
+    cell must not share that uid with it (claim or no claim)."""
+    top = DEFAULT_UID_BASE + DEFAULT_UID_COUNT - 1  # far from where other sandcells claim
+    base = next(
+        u
+        for u in range(top - 1, top - 100, -1)
+        if not (UID_REGISTRY / str(u)).exists() and not (UID_REGISTRY / str(u + 1)).exists()
+    )
+    orphan = subprocess.Popen(["sleep", "60"], user=base, group=base)
+    parent = f"sandcell-test-{secrets.token_hex(3)}"
+    cells = LocalCells(tmp_path / "cells", cgroup_parent=parent, uid_base=base, uid_count=2)
+    cell_id = new_cell_id()
+    try:
+        info = cells.create(cell_id, CellPolicy(memory_mb=128, disk_mb=16), "sbx-u", _pem())
+        assert info.uid == base + 1
+        assert not (UID_REGISTRY / str(base)).exists()  # the skipped uid is not kept claimed
+    finally:
+        orphan.kill()
+        orphan.wait()
+        cells.destroy(cell_id)
+        cleanup_cgroup_parent(parent)
+
+
+def _pem() -> bytes:
+    return tokens.public_pem(tokens.generate_p256())
