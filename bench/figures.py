@@ -72,7 +72,11 @@ class Server:
             root / f"data-{warm_pool}-{template}",
             config_text=TEMPLATE.format(warm_pool=warm_pool) + config_text,
         )
-        self.key = self.srv.create_key("bench", admin=True)
+        try:
+            self.key = self.srv.create_key("bench", admin=True)
+        except BaseException:
+            self.srv.stop()  # nothing else would: close() is for a Server that exists
+            raise
         self.http = self.srv.client(self.key)
         self.template = template
 
