@@ -8,11 +8,10 @@ from typing import Any
 
 import httpx
 
-from sandcell.cellapi.client import transport_for
+from sandcell.cellapi.client import dialer, transport_for
 from sandcell.errors import ErrorCode, SandcellError
 
 HEALTH_PATH = "/health"
-_HEALTH_REQUEST = b"GET /health HTTP/1.1\r\nHost: sandcell-daemon\r\nConnection: close\r\n\r\n"
 PROBE_TIMEOUT_S = 2.0
 # The prober's own shortage, which says nothing about the daemon it could not reach.
 LOCAL_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -57,15 +56,14 @@ async def probe(endpoint: dict[str, Any], timeout_s: float = PROBE_TIMEOUT_S) ->
 
 
 async def _get_health(endpoint: dict[str, Any]) -> bool:
-    if "uds" in endpoint:
-        reader, writer = await asyncio.open_unix_connection(str(endpoint["uds"]))
-    else:
-        reader, writer = await asyncio.open_connection(str(endpoint["host"]), int(endpoint["port"]))
+    dial, host = dialer(endpoint)
+    reader = asyncio.StreamReader()
+    transport, _ = await dial(lambda: asyncio.StreamReaderProtocol(reader))
     try:
-        writer.write(_HEALTH_REQUEST)
+        transport.write(b"GET /health HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host)
         status_line = await reader.readline()
     finally:
-        writer.close()
+        transport.close()
     return status_line.split(b" ", 2)[1:2] == [b"200"]
 
 
