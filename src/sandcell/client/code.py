@@ -23,6 +23,7 @@ from sandcell.client.binding import operation
 from sandcell.client.config import RetryPolicy
 from sandcell.client.errors import InvalidResponseError, SandboxUnreachableError
 from sandcell.client.lifecycle import sandbox_path
+from sandcell.client.models import list_in
 from sandcell.client.protocol import NDJSON, Invoke, NdjsonDecoder, Op, Read, Request, call
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -326,10 +327,7 @@ class CodeInterpreter:
             Request("GET", sandbox_path(self.id, "code/contexts")), self._policy
         )
         data = reply.json()
-        contexts = data.get("contexts") if isinstance(data, dict) else None
-        if not isinstance(contexts, list):
-            raise InvalidResponseError("unexpected reply, wanted a list in 'contexts'")
-        return [Context.from_dict(c) for c in contexts]
+        return [Context.from_dict(c) for c in list_in(data, "contexts")]
 
     @operation
     def restart_code_context(self, context: Context | str) -> Op[None]:

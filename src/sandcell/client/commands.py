@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from sandcell.client.binding import AsyncBound, SyncBound, operation
 from sandcell.client.config import RetryPolicy
-from sandcell.client.errors import CommandExitError, InvalidResponseError
+from sandcell.client.errors import CommandExitError
 from sandcell.client.lifecycle import sandbox_path
-from sandcell.client.models import CommandResult, ProcessInfo
+from sandcell.client.models import CommandResult, ProcessInfo, list_in
 from sandcell.client.processes import (
     AsyncCommandHandle,
     CommandHandle,
@@ -164,10 +164,7 @@ class CommandsBase:
     def list(self) -> Op[list[ProcessInfo]]:
         """Running background processes and the last 64 that exited."""
         data = yield from call_json(Request("GET", process_path(self._sandbox.id)), self._policy)
-        items = data.get("processes") if isinstance(data, dict) else None
-        if not isinstance(items, list):
-            raise InvalidResponseError("unexpected reply, wanted a list in 'processes'")
-        return [ProcessInfo.from_dict(x) for x in items]
+        return [ProcessInfo.from_dict(x) for x in list_in(data, "processes")]
 
     @operation
     def connect(

@@ -92,3 +92,8 @@ class ClientConfig:
     def __repr__(self) -> str:  # never print the key
         key = "set" if self.api_key else None
         return f"ClientConfig(url={self.url!r}, api_key={key}, timeout={self.timeout})"
+
+
+def retry_policy(url: str | None, api_key: str | None, config: ClientConfig | None) -> RetryPolicy:
+    """The retry policy of a class-level call (its transport is made from the same args)."""
+    return ClientConfig.resolve(url, api_key, config).retry

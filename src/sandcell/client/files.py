@@ -18,10 +18,9 @@ from sandcell.client.binding import AsyncBound, SyncBound, operation
 from sandcell.client.errors import (
     ConnectionFailedError,
     FileNotFoundInSandboxError,
-    InvalidResponseError,
 )
 from sandcell.client.lifecycle import sandbox_path
-from sandcell.client.models import EntryInfo
+from sandcell.client.models import EntryInfo, list_in
 from sandcell.client.protocol import (
     Blocking,
     FileUpload,
@@ -92,10 +91,7 @@ class FilesBase:
         """The entries under a directory, `depth` levels deep (1: its children only)."""
         params = {"path": os.fspath(path), "depth": str(depth)}
         data = yield from self._json(Request("GET", self._path("list"), params=params))
-        entries = data.get("entries") if isinstance(data, dict) else None
-        if not isinstance(entries, list):
-            raise InvalidResponseError("unexpected reply, wanted a list in 'entries'")
-        return [EntryInfo.from_dict(x) for x in entries]
+        return [EntryInfo.from_dict(x) for x in list_in(data, "entries")]
 
     @operation
     def stat(self, path: PathArg) -> Op[EntryInfo]:

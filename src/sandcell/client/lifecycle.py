@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from sandcell.client.binding import classoperation, constructor, operation
-from sandcell.client.config import ClientConfig, RetryPolicy
-from sandcell.client.errors import InvalidResponseError, SandboxNotFoundError
-from sandcell.client.models import SandboxInfo, SandboxMetrics
+from sandcell.client.config import ClientConfig, RetryPolicy, retry_policy
+from sandcell.client.errors import SandboxNotFoundError
+from sandcell.client.models import SandboxInfo, SandboxMetrics, list_in
 from sandcell.client.network import NetworkOperations
 from sandcell.client.persistence import PersistenceOperations
 from sandcell.client.protocol import Op, Request, call, call_json
@@ -36,11 +36,6 @@ def _seconds(value: float | None) -> float | int | None:
     if value is None:
         return None
     return int(value) if float(value).is_integer() else value
-
-
-def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -> RetryPolicy:
-    """The retry policy of a class-level call (its transport was made from the same args)."""
-    return ClientConfig.resolve(url, api_key, config).retry
 
 
 class SandboxBase(NetworkOperations, PersistenceOperations):
@@ -125,7 +120,7 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
             body["network"] = dict(network)
         # Not idempotent: a request that may have reached the server is never repeated.
         request = Request("POST", "/v1/sandboxes", json=body, idempotent=False)
-        data = yield from call_json(request, _policy(url, api_key, config))
+        data = yield from call_json(request, retry_policy(url, api_key, config))
         return SandboxInfo.from_dict(data)
 
     @constructor
@@ -138,7 +133,7 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
     ) -> Op[SandboxInfo]:
         """Attach to an existing sandbox (SandboxNotFoundError if it is gone or not yours)."""
         request = Request("GET", sandbox_path(sandbox_id))
-        data = yield from call_json(request, _policy(url, api_key, config))
+        data = yield from call_json(request, retry_policy(url, api_key, config))
         return SandboxInfo.from_dict(data)
 
     @classoperation
@@ -149,8 +144,9 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
         config: ClientConfig | None = None,
     ) -> Op[list[SandboxInfo]]:
         """Your sandboxes (all of them for an admin key)."""
-        data = yield from call_json(Request("GET", "/v1/sandboxes"), _policy(url, api_key, config))
-        return [SandboxInfo.from_dict(x) for x in _items(data, "sandboxes")]
+        request = Request("GET", "/v1/sandboxes")
+        data = yield from call_json(request, retry_policy(url, api_key, config))
+        return [SandboxInfo.from_dict(x) for x in list_in(data, "sandboxes")]
 
     @operation
     def info(self) -> Op[SandboxInfo]:
@@ -187,10 +183,3 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
     @property
     def _policy(self) -> RetryPolicy:
         return self._transport.config.retry
-
-
-def _items(data: Any, key: str) -> list[Any]:
-    items = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        raise InvalidResponseError(f"unexpected reply, wanted a list in {key!r}")
-    return items

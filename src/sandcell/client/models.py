@@ -17,6 +17,14 @@ def _time(value: Any) -> datetime:
         raise InvalidResponseError(f"not an RFC 3339 timestamp: {value!r}") from None
 
 
+def list_in(data: Any, key: str) -> list[Any]:
+    """The list a reply holds under `key` (`{"sandboxes": [...]}` and its like)."""
+    items = data.get(key) if isinstance(data, Mapping) else None
+    if not isinstance(items, list):
+        raise InvalidResponseError(f"unexpected reply, wanted a list in {key!r}")
+    return items
+
+
 def _fields(data: Any, *names: str) -> Mapping[str, Any]:
     if not isinstance(data, Mapping) or any(n not in data for n in names):
         raise InvalidResponseError(f"unexpected reply, wanted fields {list(names)}: {data!r:.200}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from sandcell.client.binding import classoperation, constructor, operation
-from sandcell.client.config import ClientConfig
+from sandcell.client.config import ClientConfig, retry_policy
 from sandcell.client.errors import NotFoundError
 from sandcell.client.models import SandboxInfo, SnapshotInfo
 from sandcell.client.protocol import Op, Request, call, call_json
@@ -40,7 +40,7 @@ def _resume_by_id(
 ) -> Op[SandboxInfo]:
     """Resume a paused sandbox by id (a running one is returned as it is)."""
     request = Request("POST", _path(sandbox_id, "resume"))
-    data = yield from call_json(request, ClientConfig.resolve(url, api_key, config).retry)
+    data = yield from call_json(request, retry_policy(url, api_key, config))
     return SandboxInfo.from_dict(data)
 
 
@@ -86,7 +86,7 @@ class PersistenceOperations:
     ) -> Op[SandboxInfo]:
         """A new sandbox on a copy of `sandbox_id`'s workspace, with its settings."""
         request = Request("POST", _path(sandbox_id, "fork"), idempotent=False)
-        data = yield from call_json(request, ClientConfig.resolve(url, api_key, config).retry)
+        data = yield from call_json(request, retry_policy(url, api_key, config))
         return SandboxInfo.from_dict(data)
 
     def fork(self) -> Any:
@@ -103,7 +103,7 @@ class PersistenceOperations:
     ) -> Op[list[SnapshotInfo]]:
         """Your snapshots (all of them for an admin key)."""
         request = Request("GET", "/v1/snapshots")
-        data = yield from call_json(request, ClientConfig.resolve(url, api_key, config).retry)
+        data = yield from call_json(request, retry_policy(url, api_key, config))
         items = data.get("snapshots") if isinstance(data, dict) else None
         return [SnapshotInfo.from_dict(x) for x in items or []]
 
@@ -118,7 +118,7 @@ class PersistenceOperations:
         """True if this call deleted it, False if there was none (or it is not yours)."""
         request = Request("DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}")
         try:
-            yield from call(request, ClientConfig.resolve(url, api_key, config).retry)
+            yield from call(request, retry_policy(url, api_key, config))
         except NotFoundError:
             return False
         return True

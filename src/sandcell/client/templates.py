@@ -16,8 +16,9 @@ from typing import Any
 from urllib.parse import quote
 
 from sandcell.client.binding import AsyncBound, SyncBound, classoperation
-from sandcell.client.config import ClientConfig, RetryPolicy
+from sandcell.client.config import ClientConfig, retry_policy
 from sandcell.client.errors import InvalidResponseError, SandcellError
+from sandcell.client.models import list_in
 from sandcell.client.protocol import NDJSON, Invoke, NdjsonDecoder, Op, Read, Request, call_json
 from sandcell.client.protocol import call as send
 
@@ -36,10 +37,6 @@ def _path(name: str, rest: str) -> str:
     return f"/v1/templates/{quote(name, safe='')}/{rest}"
 
 
-def _policy(url: str | None, api_key: str | None, config: ClientConfig | None) -> RetryPolicy:
-    return ClientConfig.resolve(url, api_key, config).retry
-
-
 class TemplatesBase:
     """Class-level calls only: a template is server configuration, not a client object."""
 
@@ -51,11 +48,9 @@ class TemplatesBase:
         config: ClientConfig | None = None,
     ) -> Op[list[dict[str, Any]]]:
         """Every template: its limits, its image spec and the image's state."""
-        data = yield from call_json(Request("GET", "/v1/templates"), _policy(url, api_key, config))
-        templates = data.get("templates") if isinstance(data, dict) else None
-        if not isinstance(templates, list):
-            raise InvalidResponseError("unexpected reply, wanted a list in 'templates'")
-        return templates
+        request = Request("GET", "/v1/templates")
+        data = yield from call_json(request, retry_policy(url, api_key, config))
+        return list_in(data, "templates")
 
     @classoperation
     def build(
@@ -78,7 +73,7 @@ class TemplatesBase:
             timeout=BUILD_READ_TIMEOUT_S,
             stream=True,
         )
-        reply = yield from send(request, _policy(url, api_key, config))
+        reply = yield from send(request, retry_policy(url, api_key, config))
         decoder = NdjsonDecoder()
         while True:
             chunk = yield Read(reply.stream)
@@ -104,7 +99,7 @@ class TemplatesBase:
     ) -> Op[bool]:
         """Delete the template's image (admin key); ConflictError while sandboxes use it."""
         request = Request("DELETE", _path(name, "image"))
-        data = yield from call_json(request, _policy(url, api_key, config))
+        data = yield from call_json(request, retry_policy(url, api_key, config))
         return bool(data.get("removed")) if isinstance(data, dict) else False
 
 
