@@ -8,7 +8,6 @@ SVG) are saved to files whose names are printed on stderr. Exit 0, 1 when the co
 from __future__ import annotations
 
 import base64
-import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,6 +19,7 @@ from sandcell.cli.sandboxes import (
     ApiKeyOpt,
     JsonOpt,
     UrlOpt,
+    _connected,
     _print_json,
     _reporting,
     _write,
@@ -91,11 +91,8 @@ def code(
     options: dict[str, Any] = {"timeout": timeout}
     options["context" if context else "language"] = context or language
     printer = _ResultPrinter(out_dir)
-    with _reporting(SANDCELL_FAILED):
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            execution = _run(sbx, text, options, printer, json_out)
+    with _reporting(SANDCELL_FAILED), _connected(sandbox_id, url, api_key) as sbx:
+        execution = _run(sbx, text, options, printer, json_out)
     error = execution.error
     if error is not None:
         if not json_out:

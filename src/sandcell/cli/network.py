@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 import typer
@@ -14,6 +13,7 @@ from sandcell.cli.sandboxes import (
     EgressOpt,
     JsonOpt,
     UrlOpt,
+    _connected,
     _print_json,
     _reporting,
 )
@@ -31,11 +31,8 @@ def url(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Print a preview URL for what sandbox ID serves on PORT (no API key needed to open it)."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            typer.echo(sbx.get_url(port, expires_in_s=expires_in))
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        typer.echo(sbx.get_url(port, expires_in_s=expires_in))
 
 
 def network(
@@ -49,10 +46,9 @@ def network(
 ) -> None:
     """Replace sandbox ID's egress policy (new connections follow it at once)."""
     with _reporting():
-        from sandcell.client import Sandbox
         from sandcell.client.network import network_policy
 
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
+        with _connected(sandbox_id, url, api_key) as sbx:
             info = sbx.set_network(network_policy(egress, allow or (), deny or ()))
     if json_out:
         _print_json(info.network)

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from sandcell.cli.sandboxes import ApiKeyOpt, JsonOpt, UrlOpt, _print_json, _reporting
+from sandcell.cli.sandboxes import ApiKeyOpt, JsonOpt, UrlOpt, _connected, _print_json, _reporting
 
 IdArg = Annotated[str, typer.Argument(metavar="ID", show_default=False)]
 snapshots_app = typer.Typer(help="Snapshots of sandbox workspaces.", no_args_is_help=True)
@@ -18,11 +18,8 @@ snapshots_app = typer.Typer(help="Snapshots of sandbox workspaces.", no_args_is_
 
 def pause(sandbox_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """Pause sandbox ID: its processes end, its files are kept (memory is not)."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            typer.echo(sbx.pause().state)
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        typer.echo(sbx.pause().state)
 
 
 def resume(sandbox_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
@@ -42,11 +39,8 @@ def snapshot(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Snapshot sandbox ID's files and print the snapshot's id."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            snap = sbx.snapshot(name=name)
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        snap = sbx.snapshot(name=name)
     if json_out:
         _print_json(snap.to_dict())
     else:

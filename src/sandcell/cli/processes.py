@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import Annotated
 
 import typer
 
-from sandcell.cli.sandboxes import ApiKeyOpt, JsonOpt, UrlOpt, _print_json, _reporting, _write
+from sandcell.cli.sandboxes import (
+    ApiKeyOpt,
+    JsonOpt,
+    UrlOpt,
+    _connected,
+    _print_json,
+    _reporting,
+    _write,
+)
 
 IdArg = Annotated[str, typer.Argument(metavar="ID", show_default=False)]
 PidArg = Annotated[int, typer.Argument(metavar="PID", show_default=False)]
@@ -17,11 +24,8 @@ GIB = 1024**3
 
 def ps(sandbox_id: IdArg, json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None):
     """List a sandbox's background processes (running, and the last ones that exited)."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            processes = sbx.commands.list()
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        processes = sbx.commands.list()
     if json_out:
         _print_json([_as_json(p) for p in processes])
         return
@@ -46,15 +50,12 @@ def logs(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Print a background process's output (its last 1 MiB per stream); -f follows it."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            out, err = _write(sys.stdout), _write(sys.stderr)
-            if follow:
-                sbx.commands.connect(pid, on_stdout=out, on_stderr=err).wait()
-            else:
-                sbx.commands.connect(pid).replay(on_stdout=out, on_stderr=err)
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        out, err = _write(sys.stdout), _write(sys.stderr)
+        if follow:
+            sbx.commands.connect(pid, on_stdout=out, on_stderr=err).wait()
+        else:
+            sbx.commands.connect(pid).replay(on_stdout=out, on_stderr=err)
 
 
 def kill(
@@ -68,26 +69,20 @@ def kill(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Kill a background process and all its descendants, or send it a signal."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            handle = sbx.commands.connect(pid)
-            if sig is None:
-                handle.kill()
-            else:
-                handle.signal(int(sig) if sig.isdigit() else sig)
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        handle = sbx.commands.connect(pid)
+        if sig is None:
+            handle.kill()
+        else:
+            handle.signal(int(sig) if sig.isdigit() else sig)
 
 
 def stats(
     sandbox_id: IdArg, json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None
 ) -> None:
     """CPU, memory, processes and disk of a sandbox, beside its limits."""
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            m = sbx.get_metrics()
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        m = sbx.get_metrics()
     if json_out:
         _print_json({**vars(m), "at": m.at.isoformat()})
         return

@@ -97,6 +97,16 @@ def _describe(exc: Any) -> str:
     return f"{exc.code}: {message}"
 
 
+def _connected(
+    sandbox_id: str, url: str | None, api_key: str | None
+) -> contextlib.closing[Sandbox]:
+    """`with _connected(...) as sbx:` the sandbox, its client closed after the block (the
+    SDK is imported here, by the commands that use it, not by `import sandcell.cli`)."""
+    from sandcell.client import Sandbox
+
+    return contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url))
+
+
 @contextlib.contextmanager
 def _reporting(failure_code: int = 1) -> Iterator[None]:
     """Turns every failure into one line on stderr and an exit code; never a traceback."""
@@ -290,11 +300,8 @@ def exec_command(
     if interactive or terminal:
         raise typer.Exit(_interactive(sandbox_id, cmd, terminal, env, cwd, url, api_key))
     command, options = _command(cmd), {"timeout": timeout, "env": _pairs(env, "--env"), "cwd": cwd}
-    with _reporting(SANDCELL_FAILED):
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            result = _run_command(sbx, command, options, json_out)
+    with _reporting(SANDCELL_FAILED), _connected(sandbox_id, url, api_key) as sbx:
+        result = _run_command(sbx, command, options, json_out)
     raise typer.Exit(result.exit_code)
 
 
@@ -311,9 +318,8 @@ def _interactive(
     options = {"env": _pairs(env, "--env"), "cwd": cwd}
     with _reporting(SANDCELL_FAILED):
         from sandcell.cli.terminal import RemoteGone, interactive
-        from sandcell.client import Sandbox
 
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
+        with _connected(sandbox_id, url, api_key) as sbx:
             try:
                 code = interactive(sbx, command, terminal, **options)
             except RemoteGone as exc:
@@ -510,14 +516,11 @@ def cp(
     if (remote_src is None) == (remote_dst is None):
         raise _fail("exactly one of SRC and DST must be ID:path", 2)
     sandbox_id, remote_path = remote_src or remote_dst  # type: ignore[misc]
-    with _reporting():
-        from sandcell.client import Sandbox
-
-        with contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url)) as sbx:
-            if remote_dst is not None:
-                summary = _upload(sbx, src, remote_path)
-            else:
-                summary = _download(sbx, remote_path, dst)
+    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+        if remote_dst is not None:
+            summary = _upload(sbx, src, remote_path)
+        else:
+            summary = _download(sbx, remote_path, dst)
     if json_out:
         _print_json(summary)
 
