@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import time
+from pathlib import Path
 
 from sandcell import tokens
 from sandcell.isolation.cell import (
@@ -63,3 +65,25 @@ def test_a_uid_some_process_still_runs_as_is_never_handed_out(tmp_path):
 
 def _pem() -> bytes:
     return tokens.public_pem(tokens.generate_p256())
+
+
+def test_a_zombie_does_not_hold_its_uid(tmp_path):
+    """An exited process its parent has not reaped yet runs nothing: its uid is free."""
+    top = DEFAULT_UID_BASE + DEFAULT_UID_COUNT - 1
+    base = next(u for u in range(top, top - 100, -1) if not (UID_REGISTRY / str(u)).exists())
+    zombie = subprocess.Popen(["true"], user=base, group=base)  # not waited for: a zombie
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    deadline = time.monotonic() + 5
+    while stat.read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    parent = f"sandcell-test-{secrets.token_hex(3)}"
+    cells = LocalCells(tmp_path / "cells", cgroup_parent=parent, uid_base=base, uid_count=1)
+    cell_id = new_cell_id()
+    try:
+        info = cells.create(cell_id, CellPolicy(memory_mb=128, disk_mb=16), "sbx-z", _pem())
+        assert info.uid == base
+    finally:
+        zombie.wait()
+        cells.destroy(cell_id)
+        cleanup_cgroup_parent(parent)

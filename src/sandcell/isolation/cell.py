@@ -429,14 +429,21 @@ def _send_workspace_home(cell_dir: Path) -> None:
 
 
 def _runs_as(uid: int) -> bool:
-    """Whether a process runs as `uid` (the owner of its /proc entry: a cell's bwrap
-    processes are, for as long as the cell lives; ~0.3 ms per 100 processes)."""
+    """Whether a live process runs as `uid` (the owner of its /proc entry: a cell's bwrap
+    processes are, for as long as the cell lives; ~0.3 ms per 100 processes). A zombie does
+    not count: it runs nothing, and its parent may take its time to reap it."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            with contextlib.suppress(FileNotFoundError):
-                if entry.stat(follow_symlinks=False).st_uid == uid:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if entry.stat(follow_symlinks=False).st_uid == uid and not _zombie(entry.path):
                     return True
     return False
+
+
+def _zombie(proc: str) -> bool:
+    with open(f"{proc}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
 
 
 def _stale_claim(claim: Path) -> bool:
