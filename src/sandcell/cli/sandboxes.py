@@ -23,6 +23,7 @@ import typer
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+    from rich.table import Table
 
     from sandcell.client import CommandResult, Sandbox
 
@@ -143,6 +144,14 @@ def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
+def _print_table(table: Table) -> None:
+    """A rich table on stdout: fitted to a terminal; through a pipe or into a file no width
+    to fit (rich would assume 80 columns and squeeze or drop some), so every row is whole."""
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)
+
+
 def _command(words: list[str]) -> str | list[str]:
     """One word (typically quoted, with spaces) runs through the shell; several are argv."""
     if not words:
@@ -217,7 +226,6 @@ def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None)
     if json_out:
         _print_json([s.to_dict() for s in sandboxes])
         return
-    from rich.console import Console
     from rich.table import Table
 
     if not sandboxes:
@@ -235,8 +243,7 @@ def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None)
             s.expires_at.strftime("%Y-%m-%d %H:%M:%S"),
             f"{s.idle_timeout_s}s",
         )
-    # Not a terminal: no width to fit, so never truncate an id.
-    Console(width=None if sys.stdout.isatty() else 1000).print(table)
+    _print_table(table)  # through a pipe, an id is never truncated
 
 
 def rm(

@@ -12,7 +12,14 @@ from typing import Any
 
 import typer
 
-from sandcell.cli.sandboxes import ApiKeyOpt, JsonOpt, UrlOpt, _print_json, _reporting
+from sandcell.cli.sandboxes import (
+    ApiKeyOpt,
+    JsonOpt,
+    UrlOpt,
+    _print_json,
+    _print_table,
+    _reporting,
+)
 
 template_app = typer.Typer(
     help="Templates and their images: list, build, delete.", no_args_is_help=True
@@ -29,12 +36,13 @@ def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None)
     if json_out:
         _print_json(templates)
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")
     for column in ("NAME", "BASE", "STATE", "DIGEST", "SIZE", "BUILT"):
-        table.add_column(column, no_wrap=True)
+        # On a narrow terminal only BASE (an archive's path can be long) folds; the others
+        # keep their width, so no column is squeezed to nothing.
+        table.add_column(column, no_wrap=column != "BASE", overflow="fold")
     for t in templates:
         image: dict[str, Any] = t.get("image") or {}
         table.add_row(
@@ -45,7 +53,7 @@ def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None)
             _size(image.get("size_bytes")),
             _when(image.get("built_at")),
         )
-    Console().print(table)
+    _print_table(table)
 
 
 @template_app.command("build")
