@@ -10,9 +10,10 @@ Commands run as the daemon's uid, so the kernel's same-uid rules would let them 
   each other (`pkill` of what an earlier exec started in the background).
 - The spawner thread itself is in that domain: it also loads a seccomp filter, inherited by
   commands, that refuses signals, pidfds, SIGIO ownership and rlimits aimed at it or at the
-  daemon (isolation/seccomp.py `guard_daemon`).
-Not fenced: same-uid scheduling calls (nice, affinity, SCHED_IDLE) on the daemon's threads,
-which can slow a tenant's own daemon down, never end it.
+  daemon (isolation/seccomp.py `guard_daemon`). The same filter keeps scheduling calls
+  (nice, SCHED_IDLE, affinity, I/O priority) to the caller itself (target 0): the daemon's
+  threads come and go, so no list of them could be fenced, and a tenant who slowed them
+  would slow the answers to every later request.
 
 The OOM killer must take commands first (SPEC §3). A child inherits its parent's
 oom_score_adj when it is forked, and anything written after its exec races with what it forks

@@ -193,11 +193,27 @@ _TARGETED_CALLS = (
     ("rt_tgsigqueueinfo", (0, 1)),
     ("pidfd_open", (0,)),
 )
+# Calls that tune a thread's scheduling, I/O priority or memory placement, by the position
+# of their target. Same-uid rules let a command aim them at any daemon thread, and a static
+# filter cannot tell the caller's own pid from another: only 0 ("myself") is let through.
+_SELF_ONLY = (
+    ("setpriority", 1),
+    ("sched_setscheduler", 0),
+    ("sched_setparam", 0),
+    ("sched_setattr", 0),
+    ("sched_setaffinity", 0),
+    ("ioprio_set", 1),
+    ("migrate_pages", 0),
+    ("move_pages", 0),
+)
+# ...and the forms whose target 0 means every process of the caller's uid, the daemon's too.
+_WHOLE_UID = (("setpriority", 2), ("ioprio_set", 3))  # PRIO_USER, IOPRIO_WHO_USER
 
 
 def guard_daemon(daemon_pid: int, spawner_tid: int) -> None:
     """Load, into the calling thread only, a filter its future children inherit: no signal,
-    pidfd or SIGIO ownership aimed at the daemon (`daemon_pid`) or at this thread.
+    pidfd or SIGIO ownership aimed at the daemon (`daemon_pid`) or at this thread, and no
+    scheduling aimed at anyone but the caller.
 
     Landlock's signal scoping keeps commands from signalling the daemon's threads, except the
     one that spawns them (it shares their domain, daemon/spawn.py): this closes that gap.
@@ -206,6 +222,14 @@ def guard_daemon(daemon_pid: int, spawner_tid: int) -> None:
     fd too, which a filter cannot tell apart, so it is unavailable (ENOSYS: callers fall back
     to kill()). Nor may a command set another process's rlimits (RLIMIT_CPU on the daemon
     would have the kernel kill it).
+
+    Nor may it renice, SCHED_IDLE, pin, lower the I/O priority of or move the memory of any
+    thread but itself (target 0), nor of its uid as a whole: the daemon's threads come and
+    go (worker threads), so they cannot be listed here. A command still tunes itself (0),
+    what it starts after (children inherit: `nice`, `chrt`, `taskset`, `ionice` as
+    wrappers) and its own process group (`renice -g 0`: commands lead sessions of their
+    own, which the daemon is never in). Refused with them: naming itself by number
+    (`renice -p $$`), and setting another of its own threads (pthread_setaffinity_np).
     """
     eperm = pyseccomp.ERRNO(errno.EPERM)
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
@@ -226,4 +250,9 @@ def guard_daemon(daemon_pid: int, spawner_tid: int) -> None:
     _add(flt, pyseccomp.ERRNO(errno.ENOSYS), "pidfd_send_signal")
     others, setting = pyseccomp.Arg(0, pyseccomp.NE, 0), pyseccomp.Arg(2, pyseccomp.NE, 0)
     _add(flt, eperm, "prlimit64", others, setting)
+    # A 64-bit "not 0" refuses garbage in the upper half too (the kernel reads a pid_t).
+    for name, position in _SELF_ONLY:
+        _add(flt, eperm, name, pyseccomp.Arg(position, pyseccomp.NE, 0))
+    for name, which in _WHOLE_UID:
+        _add(flt, eperm, name, pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _U32, which))
     flt.load()
