@@ -15,10 +15,27 @@ command -v curl >/dev/null || need_apt+=(curl)  # the egress tests run curl insi
 # Images (SPEC §12): debian:<suite> bases, and the tests' own tiny OCI image.
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v busybox >/dev/null || need_apt+=(busybox-static)
+# Another apt (unattended-upgrades, cloud-init, a second setup) may hold the locks: wait for
+# it, up to 10 minutes, instead of failing at once.
+APT_LOCK_WAIT_S=600
+apt_update() {
+    # DPkg::Lock::Timeout covers dpkg's lock, not the one on /var/lib/apt/lists that
+    # `apt-get update` takes (apt 2.6 fails at once on it), so retry while that is held.
+    local deadline=$((SECONDS + APT_LOCK_WAIT_S)) out waited=""
+    until out=$(apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT_S" update -qq 2>&1); do
+        if ! grep -q "Could not get lock" <<<"$out" || [ "$SECONDS" -ge "$deadline" ]; then
+            echo "$out" >&2
+            return 1
+        fi
+        [ -n "$waited" ] || echo "setup: waiting for another apt to release its lock" >&2
+        waited=1
+        sleep 2
+    done
+}
 if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    apt_update
+    apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT_S" install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -67,6 +67,11 @@ def test_the_command_line_module_loads_no_client_and_no_asyncio(tmp_path):
     assert _offending(modules, NOT_FOR_THE_COMMAND_LINE) == []
 
 
+def test_version_loads_no_client(tmp_path):
+    modules = _imported(tmp_path, ["--version"])
+    assert _offending(modules, NOT_FOR_THE_COMMAND_LINE) == []
+
+
 @pytest.mark.slow
 def test_run_loads_only_the_blocking_client(tmp_path, env):
     modules = _imported(tmp_path, ["run", "--", "true"], env)

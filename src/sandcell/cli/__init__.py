@@ -35,6 +35,28 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from sandcell import __version__
+
+        typer.echo(f"sandcell {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 keys_app = typer.Typer(help="API keys: create (printed once), list, revoke.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
