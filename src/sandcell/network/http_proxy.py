@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sandcell.network.egress import EgressService, Refused
+from sandcell.network.policy import canonical_host
 
 MAX_HEAD = 16_384
 # Meant for the proxy, not the origin: never forwarded.
@@ -81,7 +82,8 @@ def _parse(head: bytes) -> h11.Request:
 
 
 def _destination(request: h11.Request) -> tuple[str, int, bytes]:
-    """(host, port, the origin-form target to forward; empty for CONNECT)."""
+    """(host, port, the origin-form target to forward; empty for CONNECT). An IP literal
+    comes back normalised (`[::ffff:7f00:1]` is 127.0.0.1)."""
     target = request.target.decode("ascii", "replace")
     if request.method == b"CONNECT":
         parts = urlsplit(f"//{target}")
@@ -99,7 +101,7 @@ def _destination(request: h11.Request) -> tuple[str, int, bytes]:
         raise BadRequest(f"{target!r} names no host and port")
     path = parts.path or "/"
     origin = (path + (f"?{parts.query}" if parts.query else "")).encode("ascii", "replace")
-    return parts.hostname, port, origin
+    return canonical_host(parts.hostname), port, origin
 
 
 def _origin_head(request: h11.Request, target: bytes) -> bytes:

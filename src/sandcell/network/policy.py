@@ -4,7 +4,8 @@ A policy is `{"egress": "none"|"allowlist"|"open", "allow": [...], "deny": [...]
 host name (exact, or `*.suffix`), an IP address or a CIDR, each optionally with `:port`
 (`[v6]:port` for IPv6). Decisions are made on the addresses the proxy resolved itself, and the
 proxy then connects only to an address that passed: a name cannot be re-resolved elsewhere
-between the check and the connection (no DNS rebinding).
+between the check and the connection (no DNS rebinding). Addresses and entries are normalised
+first (`normalise`): `::ffff:127.0.0.1` is 127.0.0.1 to the kernel, so it is to the policy too.
 """
 
 from __future__ import annotations
@@ -105,9 +106,8 @@ def parse_entry(text: Any, where: str = "entry") -> Entry:
         raise bad(f"{where}: invalid entry {text!r}", field=where, entry=str(text)[:300])
     host, port = _split_port(text, where)
     try:
-        if "/" in host:
-            return Entry(text, network=ipaddress.ip_network(host, strict=True), port=port)
-        return Entry(text, network=ipaddress.ip_network(host), port=port)
+        network = ipaddress.ip_network(host, strict=True)
+        return Entry(text, network=normalise_network(network), port=port)
     except ValueError as exc:
         if "/" in host or ":" in host or host.replace(".", "").isdigit():
             raise bad(
@@ -168,6 +168,34 @@ class Decision:
     addresses: tuple[str, ...] = field(default=())  # the checked addresses to connect to
 
 
+def normalise(address: IPAddress) -> IPAddress:
+    """The address the kernel connects to: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`,
+    `::ffff:7f00:1`) is its IPv4 address, and a zone (`%eth0`) is dropped, so no spelling of
+    an address slips past an entry or a range that names it the usual way."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address.scope_id is not None:
+            return ipaddress.IPv6Address(int(address))
+    return address
+
+
+def canonical_host(host: str) -> str:
+    """`host` as the proxies check and log it: an IP literal in its normal form, else as is."""
+    try:
+        return str(normalise(ipaddress.ip_address(host)))
+    except ValueError:
+        return host
+
+
+def normalise_network(network: IPNetwork) -> IPNetwork:
+    """A network inside `::ffff:0:0/96` as the IPv4 network it maps (see `normalise`)."""
+    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+        v4 = ipaddress.IPv4Address(int(network.network_address) & 0xFFFFFFFF)
+        return ipaddress.IPv4Network((v4, network.prefixlen - 96))
+    return network
+
+
 def decide(
     policy: NetworkPolicy,
     host: str,
@@ -179,16 +207,17 @@ def decide(
     and to which of those addresses."""
     if policy.egress == "none":
         return Decision(False, "egress is 'none' for this sandbox")
-    host = host.lower().rstrip(".")
+    host = canonical_host(host.lower().rstrip("."))
     if denied := _first(policy.deny, host, port, None, any_port=True):
         return Decision(False, f"{host}:{port} matches deny entry {denied.text!r}")
-    own = set(own_addresses)
+    own = {normalise(a) for a in own_addresses}
     passed: list[str] = []
     reason = f"{host} did not resolve"
     for text in addresses:
-        verdict = _address_verdict(policy, host, port, ipaddress.ip_address(text), own)
+        address = normalise(ipaddress.ip_address(text))
+        verdict = _address_verdict(policy, host, port, address, own)
         if verdict is None:
-            passed.append(text)
+            passed.append(str(address))  # connect to the form that was checked
         else:
             reason = verdict
     if passed:
@@ -199,12 +228,12 @@ def decide(
 def _address_verdict(
     policy: NetworkPolicy, host: str, port: int, address: IPAddress, own: set[IPAddress]
 ) -> str | None:
-    """None when `address` may be used for this connection, else why not."""
+    """None when `address` (normalised) may be used for this connection, else why not."""
     if denied := _first(policy.deny, None, port, address, any_port=True):
         return f"{address}:{port} matches deny entry {denied.text!r}"
     open_mode = policy.egress == "open"
     named = _first(policy.allow, None, port, address, any_port=open_mode)
-    if (_is_internal(address) or address in own) and named is None:
+    if _is_internal(address, own) and named is None:
         return (
             f"{host} resolves to {address}, a host-internal address that no allow entry "
             "names by address"
@@ -250,9 +279,11 @@ INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "198.18.0.0/15",
         "224.0.0.0/4",
         "240.0.0.0/4",
-        "::/128",
-        "::1/128",
-        "64:ff9b::/96",
+        "::/96",  # unspecified, loopback, IPv4-compatible (deprecated)
+        "::ffff:0:0/96",  # IPv4-mapped: checked as IPv4 (`normalise`); a wider entry is internal
+        "64:ff9b::/96",  # NAT64: a translator would reach the IPv4 address it embeds
+        "64:ff9b:1::/48",  # NAT64 for local use
+        "100::/64",  # discard-only
         "fc00::/7",
         "fe80::/10",
         "ff00::/8",
@@ -260,9 +291,19 @@ INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
 )
 
 
-def _is_internal(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return _is_internal(address.ipv4_mapped)
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def _is_internal(address: IPAddress, own: Iterable[IPAddress] = ()) -> bool:
+    """Loopback, private, ... or this host's own (`own`, normalised), in any spelling."""
+    address = normalise(address)
+    if address in own:
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        # 6to4 and Teredo carry an IPv4 address that a relay would send the packets to.
+        embedded = [address.sixtofour, *(address.teredo or ())]
+        if any(v4 is not None and _is_internal(v4, own) for v4 in embedded):
+            return True
     return any(address in net for net in INTERNAL_NETWORKS if net.version == address.version)
 
 

@@ -11,6 +11,7 @@ import ipaddress
 import struct
 
 from sandcell.network.egress import EgressService, Refused
+from sandcell.network.policy import canonical_host
 
 VERSION = 5
 NO_AUTH, NO_ACCEPTABLE = 0x00, 0xFF
@@ -83,10 +84,12 @@ async def negotiate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
 
 
 async def _address(reader: asyncio.StreamReader, atyp: int) -> str:
+    """The destination; an IP address, of either type or written as a name, normalised
+    (`::ffff:127.0.0.1` is 127.0.0.1)."""
     if atyp == ATYP_IPV4:
         return str(ipaddress.IPv4Address(await reader.readexactly(4)))
     if atyp == ATYP_IPV6:
-        return str(ipaddress.IPv6Address(await reader.readexactly(16)))
+        return canonical_host(str(ipaddress.IPv6Address(await reader.readexactly(16))))
     if atyp == ATYP_DOMAIN:
         (length,) = await reader.readexactly(1)
         raw = await reader.readexactly(length)
@@ -96,7 +99,7 @@ async def _address(reader: asyncio.StreamReader, atyp: int) -> str:
             raise ProtocolError("host name is not ASCII", GENERAL_FAILURE) from None
         if not name or not name.isprintable() or " " in name:
             raise ProtocolError("invalid host name", GENERAL_FAILURE)
-        return name
+        return canonical_host(name)
     raise ProtocolError(f"address type {atyp} is not supported", ATYP_NOT_SUPPORTED)
 
 
