@@ -22,7 +22,12 @@ from sandcell.logs import counted, quiet_repeats
 from sandcell.manager.backend import Backend, LocalBackend
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.manager import Manager, load_bootstrap_key
-from sandcell.network.egress import EgressService, policy_from_store
+from sandcell.network.egress import (
+    EgressLimits,
+    EgressService,
+    owner_from_store,
+    policy_from_store,
+)
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
 from sandcell.router.network import PreviewHosts
 from sandcell.settings import MIB, Settings
@@ -43,7 +48,13 @@ async def opened_store(settings: Settings) -> AsyncIterator[Store]:
 @contextlib.asynccontextmanager
 async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Backend]:
     if settings.backend == "local":
-        egress = EgressService(policy_from_store(store))
+        limits = EgressLimits(
+            max_connections_total=settings.egress_max_connections,
+            max_connections_per_owner=settings.egress_max_connections_per_key,
+        )
+        egress = EgressService(
+            policy_from_store(store), owner_for=owner_from_store(store), limits=limits
+        )
         try:
             yield LocalBackend(settings.cells_dir, egress=egress)
         finally:

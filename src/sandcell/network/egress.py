@@ -13,13 +13,16 @@ import contextlib
 import ipaddress
 import itertools
 import logging
+import resource
 import socket
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandcell.http.limits import MIN_FD_RESERVE
 from sandcell.network.metrics import EgressMetrics
 from sandcell.network.policy import NONE, Decision, IPAddress, NetworkPolicy, decide, parse_policy
 from sandcell.network.pumps import both_ways
@@ -31,18 +34,44 @@ log = logging.getLogger("sandcell.egress")
 
 CHUNK = 65_536  # also the stream buffer limit: at most a few chunks are held per connection
 PolicyLookup = Callable[[str], Awaitable[NetworkPolicy]]
+OwnerLookup = Callable[[str], Awaitable[str | None]]  # a sandbox's principal, None if unclaimed
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 Handler = Callable[
     ["EgressService", str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 ]
+# Answers a connection refused for a bound in the proxy's own protocol: (status, reason).
+Refuser = Callable[
+    ["EgressService", asyncio.StreamReader, asyncio.StreamWriter, int, str], Awaitable[None]
+]
+# Refusals spoken at once (each holds one descriptor for at most `head_timeout_s`); beyond
+# these a connection past a bound is closed without an answer.
+REFUSALS_PER_OWNER = 4
+REFUSALS = 32
 
 
 @dataclass(frozen=True)
 class EgressLimits:
     max_connections: int = 64  # per sandbox, both proxies together
+    max_connections_per_owner: int = 0  # all the owner's sandboxes; 0: a quarter of the total
+    max_connections_total: int = 0  # every sandbox of this process; 0: from RLIMIT_NOFILE
     idle_timeout_s: float = 300.0
     connect_timeout_s: float = 10.0
     head_timeout_s: float = 10.0  # a client must send its request (or SOCKS greeting) by then
+
+    def total_cap(self) -> int:
+        """A tunnel holds two descriptors (the cell's side and the upstream): together at
+        most a quarter of what the router's connection cap leaves, as WebSocket sessions."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        ceiling = max(8, (soft - MIN_FD_RESERVE) // 8)
+        total = self.max_connections_total
+        return min(total, ceiling) if total else ceiling
+
+    def owner_cap(self) -> int:
+        """One principal's share, a quarter of the total by default: its sandboxes together
+        cannot take every tunnel."""
+        total = self.total_cap()
+        per_owner = self.max_connections_per_owner
+        return min(per_owner, total) if per_owner else max(1, total // 4)
 
 
 class Refused(Exception):
@@ -80,6 +109,16 @@ def host_addresses() -> frozenset[IPAddress]:
     return frozenset(found)
 
 
+def owner_from_store(store: Store) -> OwnerLookup:
+    """The principal a sandbox belongs to (None for a pool cell no one has claimed)."""
+
+    async def lookup(sandbox_id: str) -> str | None:
+        record = await store.get_sandbox(sandbox_id)
+        return record.owner if record is not None else None
+
+    return lookup
+
+
 def policy_from_store(store: Store) -> PolicyLookup:
     """The policy stored with the sandbox, read per connection: a change made through any
     replica applies to the next connection; a sandbox being deleted (or a pool cell no one
@@ -98,6 +137,7 @@ def policy_from_store(store: Store) -> PolicyLookup:
 class _Sandbox:
     servers: list[asyncio.AbstractServer] = field(default_factory=list)
     connections: int = 0
+    owner: str | None = None  # looked up once claimed; a sandbox never changes hands
 
 
 class EgressService:
@@ -105,16 +145,21 @@ class EgressService:
         self,
         policy_for: PolicyLookup,
         *,
+        owner_for: OwnerLookup | None = None,
         resolver: Resolver = system_resolver,
         limits: EgressLimits | None = None,
         own_addresses: Iterable[IPAddress] | None = None,
     ) -> None:
         self.policy_for = policy_for
+        self.owner_for = owner_for
         self.resolver = resolver
         self.limits = limits or EgressLimits()
         self.own = frozenset(host_addresses() if own_addresses is None else own_addresses)
-        self.metrics = EgressMetrics()
+        self.metrics = EgressMetrics(lambda: self._held)
         self._sandboxes: dict[str, _Sandbox] = {}
+        self._by_owner: Counter[str] = Counter()  # connections per owner, every sandbox
+        self._held = 0  # connections of every sandbox
+        self._refusing: Counter[str] = Counter()  # refusals being spoken, per owner
 
     # -- listeners ------------------------------------------------------------------------
 
@@ -124,10 +169,13 @@ class EgressService:
 
         await self.detach(sandbox_id)
         entry = self._sandboxes[sandbox_id] = _Sandbox()
-        for sock, handler in ((http, http_proxy.handle), (socks, socks5.handle)):
+        for sock, handler, refuser in (
+            (http, http_proxy.handle, http_proxy.refuse),
+            (socks, socks5.handle, socks5.refuse),
+        ):
             sock.setblocking(False)
             server = await asyncio.start_server(
-                self._guarded(sandbox_id, handler), sock=sock, limit=CHUNK
+                self._guarded(sandbox_id, handler, refuser), sock=sock, limit=CHUNK
             )
             entry.servers.append(server)
 
@@ -141,36 +189,120 @@ class EgressService:
             await self.detach(sandbox_id)
 
     @property
+    def held(self) -> int:
+        """Connections open through the proxies, every sandbox together."""
+        return self._held
+
+    def held_by(self, owner: str) -> int:
+        return self._by_owner[owner]
+
+    @property
     def served(self) -> frozenset[str]:
         """The sandboxes whose listeners are open."""
         return frozenset(self._sandboxes)
 
     def _guarded(
-        self, sandbox_id: str, handler: Handler
+        self, sandbox_id: str, handler: Handler, refuser: Refuser
     ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-        """Counts the sandbox's connections, refuses past the limit, always closes."""
+        """Counts the connection against its sandbox, its owner and the process, refuses past
+        a bound (so one tenant cannot take the router's descriptors), always closes."""
 
         async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             entry = self._sandboxes.get(sandbox_id)
-            if entry is None or entry.connections >= self.limits.max_connections:
-                self.metrics.decisions.labels("refused").inc()
-                log.warning("egress sandbox=%s decision=refused reason=too many", sandbox_id)
-                writer.close()
-                return
-            entry.connections += 1
             try:
-                await handler(self, sandbox_id, reader, writer)
-            except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-                pass  # the client went away or stalled: nothing to answer
-            except Exception:
-                # A store outage while looking up the policy, say: this connection ends
-                # (closed, so nothing passes), the proxy goes on serving.
-                log.exception("egress sandbox=%s: connection failed", sandbox_id)
+                if entry is None:
+                    return
+                if entry.connections >= self.limits.max_connections:
+                    self._limited(sandbox_id, "sandbox", None)
+                    return
+                if self._held >= self.limits.total_cap():
+                    reason = f"the egress proxies hold {self._held} connections, their bound"
+                    await self._refuse(sandbox_id, "total", reader, writer, refuser, 503, reason)
+                    return
+                entry.connections += 1  # counted at once: the owner's lookup awaits the store
+                self._held += 1
+                try:
+                    await self._serve_owned(sandbox_id, entry, handler, refuser, reader, writer)
+                finally:
+                    entry.connections -= 1
+                    self._held -= 1
             finally:
-                entry.connections -= 1
                 writer.close()
 
         return serve_one
+
+    async def _serve_owned(
+        self,
+        sandbox_id: str,
+        entry: _Sandbox,
+        handler: Handler,
+        refuser: Refuser,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        try:
+            owner = await self._owner(sandbox_id, entry)
+            cap = self.limits.owner_cap()
+            if self._by_owner[owner] >= cap:
+                reason = f"this key's sandboxes hold {cap} egress connections, its bound"
+                await self._refuse(sandbox_id, "owner", reader, writer, refuser, 429, reason, owner)
+                return
+            self._by_owner[owner] += 1
+            try:
+                await handler(self, sandbox_id, reader, writer)
+            finally:
+                self._by_owner[owner] -= 1
+                if not self._by_owner[owner]:
+                    del self._by_owner[owner]
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            pass  # the client went away or stalled: nothing to answer
+        except Exception:
+            # A store outage while looking up the policy, say: this connection ends
+            # (closed, so nothing passes), the proxy goes on serving.
+            log.exception("egress sandbox=%s: connection failed", sandbox_id)
+
+    async def _owner(self, sandbox_id: str, entry: _Sandbox) -> str:
+        """The sandbox's principal (cached once known); an unclaimed cell counts alone."""
+        if entry.owner is None and self.owner_for is not None:
+            entry.owner = await self.owner_for(sandbox_id)
+        return entry.owner or f"sandbox:{sandbox_id}"
+
+    def _limited(self, sandbox_id: str, bound: str, reason: str | None) -> None:
+        self.metrics.decisions.labels("refused").inc()
+        self.metrics.limited.labels(bound).inc()
+        log.warning(
+            "egress sandbox=%s decision=refused bound=%s reason=%s",
+            sandbox_id,
+            bound,
+            reason or "too many connections",
+        )
+
+    async def _refuse(
+        self,
+        sandbox_id: str,
+        bound: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        refuser: Refuser,
+        status: int,
+        reason: str,
+        owner: str = "",
+    ) -> None:
+        """Answers in the proxy's protocol while few refusals are under way (each holds a
+        descriptor until the client's request arrives); past that, closes without a word."""
+        self._limited(sandbox_id, bound, reason)
+        spoken = sum(self._refusing.values())
+        if spoken >= REFUSALS or (owner and self._refusing[owner] >= REFUSALS_PER_OWNER):
+            return
+        self._refusing[owner] += 1
+        try:
+            await refuser(self, reader, writer, status, reason)
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._refusing[owner] -= 1
+            if not self._refusing[owner]:
+                del self._refusing[owner]
 
     # -- decisions and upstreams ----------------------------------------------------------
 

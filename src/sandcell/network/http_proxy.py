@@ -56,6 +56,19 @@ async def handle(
     await service.pipe((reader, writer), upstream)
 
 
+async def refuse(
+    service: EgressService,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    status: int,
+    reason: str,
+) -> None:
+    """A connection past a bound: its request head is read (so the answer is not lost to a
+    reset), then `status` (429 for the key's bound, 503 for the process's) with the reason."""
+    await asyncio.wait_for(_read_head(reader), service.limits.head_timeout_s)
+    await _answer(writer, status, f"refused: {reason}", {"retry-after": "1"})
+
+
 async def _read_head(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     """The request head (through the blank line) and any bytes read past it."""
     buffer = b""
@@ -111,12 +124,23 @@ def _origin_head(request: h11.Request, target: bytes) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
-async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+PHRASES = {
+    400: "Bad Request",
+    403: "Forbidden",
+    429: "Too Many Requests",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
+async def _answer(
+    writer: asyncio.StreamWriter, status: int, reason: str, headers: dict[str, str] | None = None
+) -> None:
     body = (reason + "\n").encode()
-    phrase = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     writer.write(
-        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        f"x-sandcell-egress: refused\r\ncontent-length: {len(body)}\r\n"
+        f"HTTP/1.1 {status} {PHRASES[status]}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"x-sandcell-egress: refused\r\n{extra}content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n".encode()
         + body
     )

@@ -60,6 +60,24 @@ async def handle(
     await service.pipe((reader, writer), upstream)
 
 
+async def refuse(
+    service: EgressService,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    status: int,
+    reason: str,
+) -> None:
+    """A connection past a bound: the request is read, then "general failure" (0x01; SOCKS
+    has no text, the reason is in the log). 0x02 stays the policy's refusal."""
+    try:
+        await asyncio.wait_for(negotiate(reader, writer), service.limits.head_timeout_s)
+    except ProtocolError as exc:
+        if exc.reply is None:
+            return
+    writer.write(reply(GENERAL_FAILURE))
+    await writer.drain()
+
+
 async def negotiate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, int]:
     """Method selection, then the request: returns the destination (host, port)."""
     version, count = await reader.readexactly(2)
