@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sandcell.cli.sandboxes import (
+from sandcell.cli.common import (
     SANDCELL_FAILED,
     ApiKeyOpt,
+    IdArg,
     JsonOpt,
     UrlOpt,
-    _connected,
-    _print_json,
-    _reporting,
-    _write,
+    connected,
+    print_json,
+    reporting,
+    writer,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def _source(code: str | None, file: str | None) -> str:
 
 
 def code(
-    sandbox_id: Annotated[str, typer.Argument(metavar="ID", show_default=False)],
+    sandbox_id: IdArg,
     file: Annotated[
         str | None, typer.Argument(metavar="[FILE]", help="code file ('-' or none: stdin)")
     ] = None,
@@ -91,7 +92,7 @@ def code(
     options: dict[str, Any] = {"timeout": timeout}
     options["context" if context else "language"] = context or language
     printer = _ResultPrinter(out_dir)
-    with _reporting(SANDCELL_FAILED), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(SANDCELL_FAILED), connected(sandbox_id, url, api_key) as sbx:
         execution = _run(sbx, text, options, printer, json_out)
     error = execution.error
     if error is not None:
@@ -105,12 +106,12 @@ def _run(
 ) -> Execution:
     if json_out:
         execution = sbx.run_code(text, **options)
-        _print_json(execution.to_dict())
+        print_json(execution.to_dict())
         return execution
     return sbx.run_code(
         text,
-        on_stdout=_write(sys.stdout),
-        on_stderr=_write(sys.stderr),
+        on_stdout=writer(sys.stdout),
+        on_stderr=writer(sys.stderr),
         on_result=printer,
         **options,
     )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from sandcell.cli.sandboxes import ApiKeyOpt, UrlOpt
+from sandcell.cli.common import ApiKeyOpt, UrlOpt
 
 
 def _host_port(value: str) -> tuple[str, int]:

@@ -6,19 +6,18 @@ from typing import Annotated
 
 import typer
 
-from sandcell.cli.sandboxes import (
+from sandcell.cli.common import (
     AllowOpt,
     ApiKeyOpt,
     DenyOpt,
     EgressOpt,
+    IdArg,
     JsonOpt,
     UrlOpt,
-    _connected,
-    _print_json,
-    _reporting,
+    connected,
+    print_json,
+    reporting,
 )
-
-IdArg = Annotated[str, typer.Argument(metavar="ID", show_default=False)]
 
 
 def url(
@@ -31,7 +30,7 @@ def url(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Print a preview URL for what sandbox ID serves on PORT (no API key needed to open it)."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         typer.echo(sbx.get_url(port, expires_in_s=expires_in))
 
 
@@ -45,13 +44,13 @@ def network(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Replace sandbox ID's egress policy (new connections follow it at once)."""
-    with _reporting():
+    with reporting():
         from sandcell.client.network import network_policy
 
-        with _connected(sandbox_id, url, api_key) as sbx:
+        with connected(sandbox_id, url, api_key) as sbx:
             info = sbx.set_network(network_policy(egress, allow or (), deny or ()))
     if json_out:
-        _print_json(info.network)
+        print_json(info.network)
     else:
         typer.echo(f"{info.network.get('egress')}: allow {info.network.get('allow')}")
 

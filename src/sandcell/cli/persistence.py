@@ -10,21 +10,20 @@ from typing import Annotated
 
 import typer
 
-from sandcell.cli.sandboxes import ApiKeyOpt, JsonOpt, UrlOpt, _connected, _print_json, _reporting
+from sandcell.cli.common import ApiKeyOpt, IdArg, JsonOpt, UrlOpt, connected, print_json, reporting
 
-IdArg = Annotated[str, typer.Argument(metavar="ID", show_default=False)]
 snapshots_app = typer.Typer(help="Snapshots of sandbox workspaces.", no_args_is_help=True)
 
 
 def pause(sandbox_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """Pause sandbox ID: its processes end, its files are kept (memory is not)."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         typer.echo(sbx.pause().state)
 
 
 def resume(sandbox_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """Resume paused sandbox ID in a new cell, on its kept files."""
-    with _reporting():
+    with reporting():
         from sandcell.client import Sandbox
 
         with contextlib.closing(Sandbox.resume(sandbox_id, api_key=api_key, url=url)) as sbx:
@@ -39,17 +38,17 @@ def snapshot(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Snapshot sandbox ID's files and print the snapshot's id."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         snap = sbx.snapshot(name=name)
     if json_out:
-        _print_json(snap.to_dict())
+        print_json(snap.to_dict())
     else:
         typer.echo(snap.id)
 
 
 def fork(sandbox_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """Start a new sandbox on a copy of sandbox ID's files and print its id."""
-    with _reporting():
+    with reporting():
         from sandcell.client import Sandbox
 
         with contextlib.closing(Sandbox.fork_of(sandbox_id, api_key=api_key, url=url)) as sbx:
@@ -59,12 +58,12 @@ def fork(sandbox_id: IdArg, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> No
 @snapshots_app.command("ls")
 def snapshots_ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """List your snapshots."""
-    with _reporting():
+    with reporting():
         from sandcell.client import Sandbox
 
         snapshots = Sandbox.list_snapshots(api_key=api_key, url=url)
     if json_out:
-        _print_json([s.to_dict() for s in snapshots])
+        print_json([s.to_dict() for s in snapshots])
         return
     if not snapshots:
         typer.echo("no snapshots", err=True)
@@ -80,7 +79,7 @@ def snapshots_rm(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Delete a snapshot (exit code 1 if you have none by that id)."""
-    with _reporting():
+    with reporting():
         from sandcell.client import Sandbox
 
         deleted = Sandbox.delete_snapshot(snapshot_id, api_key=api_key, url=url)

@@ -7,27 +7,27 @@ from typing import Annotated
 
 import typer
 
-from sandcell.cli.sandboxes import (
+from sandcell.cli.common import (
     ApiKeyOpt,
+    IdArg,
     JsonOpt,
     UrlOpt,
-    _connected,
-    _print_json,
-    _reporting,
-    _write,
+    connected,
+    print_json,
+    reporting,
+    writer,
 )
 
-IdArg = Annotated[str, typer.Argument(metavar="ID", show_default=False)]
 PidArg = Annotated[int, typer.Argument(metavar="PID", show_default=False)]
 GIB = 1024**3
 
 
 def ps(sandbox_id: IdArg, json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None):
     """List a sandbox's background processes (running, and the last ones that exited)."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         processes = sbx.commands.list()
     if json_out:
-        _print_json([_as_json(p) for p in processes])
+        print_json([_as_json(p) for p in processes])
         return
     typer.echo(f"{'PID':>7}  {'STATE':<8}{'EXIT':>5}  {'TAG':<12}COMMAND")
     for p in processes:
@@ -50,8 +50,8 @@ def logs(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Print a background process's output (its last 1 MiB per stream); -f follows it."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
-        out, err = _write(sys.stdout), _write(sys.stderr)
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
+        out, err = writer(sys.stdout), writer(sys.stderr)
         if follow:
             sbx.commands.connect(pid, on_stdout=out, on_stderr=err).wait()
         else:
@@ -69,7 +69,7 @@ def kill(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Kill a background process and all its descendants, or send it a signal."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         handle = sbx.commands.connect(pid)
         if sig is None:
             handle.kill()
@@ -81,10 +81,10 @@ def stats(
     sandbox_id: IdArg, json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None
 ) -> None:
     """CPU, memory, processes and disk of a sandbox, beside its limits."""
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         m = sbx.get_metrics()
     if json_out:
-        _print_json({**vars(m), "at": m.at.isoformat()})
+        print_json({**vars(m), "at": m.at.isoformat()})
         return
     typer.echo(
         f"cpu     {_num(m.cpu_percent, '%')} of {m.cpus:g} cpus ({_num(m.cpu_used_s, ' s')})"

@@ -1,68 +1,52 @@
 """Client commands: `sandcell create | ls | exec | run | cp | rm`, over the SDK.
 
-Each command talks to a router (`--url`, env SANDCELL_URL) with an API key (`--api-key`, env
-SANDCELL_API_KEY). Errors print one line on stderr, `sandcell: CODE: message`, and exit 1
-(125 for `exec` and `run`, whose other exit codes are the command's own). The SDK is imported
-inside the commands, so `sandcell --help` and the server commands never load it.
+Options, connection and error reporting shared with the other client commands are in
+`sandcell.cli.common`; `exec` and `run` exit with the command's own exit code, 125 when
+sandcell itself failed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from sandcell.cli.common import (
+    SANDCELL_FAILED,
+    AllowOpt,
+    ApiKeyOpt,
+    DenyOpt,
+    EgressOpt,
+    IdArg,
+    JsonOpt,
+    UrlOpt,
+    connected,
+    fail,
+    print_json,
+    print_table,
+    reporting,
+    writer,
+)
+
 if TYPE_CHECKING:
     from rich.progress import Progress
-    from rich.table import Table
 
     from sandcell.client import CommandResult, Sandbox
 
-SANDCELL_FAILED = 125  # exec/run: sandcell itself failed (the command's codes are its own)
 PROGRESS_FROM_BYTES = 4 * 1_048_576
 _REMOTE = re.compile(r"(?P<id>[A-Za-z0-9][A-Za-z0-9._-]{0,127}):(?P<path>.*)", re.S)
 
-UrlOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--url",
-        envvar="SANDCELL_URL",
-        show_envvar=True,
-        help="router URL (default http://127.0.0.1:8700)",
-    ),
-]
-ApiKeyOpt = Annotated[
-    str | None,
-    typer.Option("--api-key", envvar="SANDCELL_API_KEY", show_envvar=True, help="API key"),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
 EnvOpt = Annotated[
     list[str] | None,
     typer.Option("--env", "-e", metavar="K=V", help="environment variable (repeatable)"),
 ]
 TemplateOpt = Annotated[str, typer.Option("--template", "-t", help="sandbox template")]
-EgressOpt = Annotated[
-    str | None,
-    typer.Option("--egress", metavar="none|allowlist|open", help="egress policy mode"),
-]
-AllowOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--allow", metavar="DEST", help="allowed host, *.suffix, IP or CIDR [:port] (repeatable)"
-    ),
-]
-DenyOpt = Annotated[
-    list[str] | None, typer.Option("--deny", metavar="DEST", help="denied destination (repeatable)")
-]
 CmdTimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0.001, help="kill the command after SECONDS")
 ]
@@ -77,94 +61,21 @@ CmdArg = Annotated[
 ]
 
 
-# -- reporting ------------------------------------------------------------------------------
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"sandcell: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _describe(exc: Any) -> str:
-    """One line for an SDK error: its code, message and the gist of its details."""
-    message = exc.message
-    errors = exc.details.get("errors") if isinstance(exc.details, dict) else None
-    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
-        first = errors[0]
-        where = ".".join(str(p) for p in first.get("loc", []))
-        message += f" ({where}: {first.get('msg')})" if where else f" ({first.get('msg')})"
-    if exc.code == "UNAUTHENTICATED" and not os.environ.get("SANDCELL_API_KEY"):
-        message += " (set SANDCELL_API_KEY or pass --api-key)"
-    return f"{exc.code}: {message}"
-
-
-def _connected(
-    sandbox_id: str, url: str | None, api_key: str | None
-) -> contextlib.closing[Sandbox]:
-    """`with _connected(...) as sbx:` the sandbox, its client closed after the block (the
-    SDK is imported here, by the commands that use it, not by `import sandcell.cli`)."""
-    from sandcell.client import Sandbox
-
-    return contextlib.closing(Sandbox.connect(sandbox_id, api_key=api_key, url=url))
-
-
-@contextlib.contextmanager
-def _reporting(failure_code: int = 1) -> Iterator[None]:
-    """Turns every failure into one line on stderr and an exit code; never a traceback."""
-    from sandcell.client.errors import SandcellError
-
-    try:
-        yield
-    except (typer.Exit, typer.Abort):
-        raise
-    except SandcellError as exc:
-        raise _fail(_describe(exc), failure_code) from None
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        raise _fail(f"{where}{exc.strerror or exc}", failure_code) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted", 130) from None
-    except Exception as exc:
-        if os.environ.get("SANDCELL_DEBUG"):
-            raise
-        raise _fail(f"unexpected error: {type(exc).__name__}: {exc}", failure_code) from None
-
-
 def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values or []:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise _fail(f"{what} must look like NAME=VALUE, got {item!r}", 2)
+            raise fail(f"{what} must look like NAME=VALUE, got {item!r}", 2)
         out[name] = value
     return out
-
-
-def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2))
-
-
-def _print_table(table: Table) -> None:
-    """A rich table on stdout: fitted to a terminal; through a pipe or into a file no width
-    to fit (rich would assume 80 columns and squeeze or drop some), so every row is whole."""
-    from rich.console import Console
-
-    Console(width=None if sys.stdout.isatty() else 1000).print(table)
 
 
 def _command(words: list[str]) -> str | list[str]:
     """One word (typically quoted, with spaces) runs through the shell; several are argv."""
     if not words:
-        raise _fail("no command given (usage: ... -- CMD...)", 2)
+        raise fail("no command given (usage: ... -- CMD...)", 2)
     return words[0] if len(words) == 1 else words
-
-
-def _write(stream: Any) -> Callable[[str], None]:
-    def write(text: str) -> None:
-        stream.write(text)
-        stream.flush()
-
-    return write
 
 
 # -- create, ls, rm -------------------------------------------------------------------------
@@ -194,7 +105,7 @@ def create(
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Create a sandbox and print its id (`--allow pypi.org` opens egress to that host)."""
-    with _reporting():
+    with reporting():
         from sandcell.client import Sandbox
         from sandcell.client.network import network_policy
 
@@ -212,19 +123,19 @@ def create(
         )
         sbx.close()
     if json_out:
-        _print_json(sbx.last_info.to_dict())
+        print_json(sbx.last_info.to_dict())
     else:
         typer.echo(sbx.id)
 
 
 def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """List your sandboxes."""
-    with _reporting():
+    with reporting():
         from sandcell.client import Sandbox
 
         sandboxes = Sandbox.list(api_key=api_key, url=url)
     if json_out:
-        _print_json([s.to_dict() for s in sandboxes])
+        print_json([s.to_dict() for s in sandboxes])
         return
     from rich.table import Table
 
@@ -243,7 +154,7 @@ def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None)
             s.expires_at.strftime("%Y-%m-%d %H:%M:%S"),
             f"{s.idle_timeout_s}s",
         )
-    _print_table(table)  # through a pipe, an id is never truncated
+    print_table(table)  # through a pipe, an id is never truncated
 
 
 def rm(
@@ -255,14 +166,11 @@ def rm(
     failed = False
     for sandbox_id in sandbox_ids:
         try:
-            with _reporting():
-                from sandcell.client import Sandbox, SandboxNotFoundError
+            with reporting(), connected(sandbox_id, url, api_key) as sbx:
+                if not sbx.kill():  # gone between the two requests
+                    from sandcell.client import SandboxNotFoundError
 
-                with contextlib.closing(
-                    Sandbox.connect(sandbox_id, api_key=api_key, url=url)
-                ) as sbx:
-                    if not sbx.kill():  # gone between the two requests
-                        raise SandboxNotFoundError(f"sandbox {sandbox_id} not found")
+                    raise SandboxNotFoundError(f"sandbox {sandbox_id} not found")
         except typer.Exit:
             failed = True
     if failed:
@@ -278,15 +186,15 @@ def _run_command(
     """Streams the output live (or collects it, for --json) and returns the result."""
     if json_out:
         result = sbx.commands.run(command, **options)
-        _print_json(result.to_dict())
+        print_json(result.to_dict())
         return result
     return sbx.commands.run(
-        command, on_stdout=_write(sys.stdout), on_stderr=_write(sys.stderr), **options
+        command, on_stdout=writer(sys.stdout), on_stderr=writer(sys.stderr), **options
     )
 
 
 def exec_command(
-    sandbox_id: Annotated[str, typer.Argument(metavar="ID", show_default=False)],
+    sandbox_id: IdArg,
     cmd: CmdArg = None,  # type: ignore[assignment]
     timeout: CmdTimeoutOpt = 60,
     env: EnvOpt = None,
@@ -307,7 +215,7 @@ def exec_command(
     if interactive or terminal:
         raise typer.Exit(_interactive(sandbox_id, cmd, terminal, env, cwd, url, api_key))
     command, options = _command(cmd), {"timeout": timeout, "env": _pairs(env, "--env"), "cwd": cwd}
-    with _reporting(SANDCELL_FAILED), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(SANDCELL_FAILED), connected(sandbox_id, url, api_key) as sbx:
         result = _run_command(sbx, command, options, json_out)
     raise typer.Exit(result.exit_code)
 
@@ -323,14 +231,14 @@ def _interactive(
 ) -> int:
     command = _command(cmd) if cmd else None
     options = {"env": _pairs(env, "--env"), "cwd": cwd}
-    with _reporting(SANDCELL_FAILED):
+    with reporting(SANDCELL_FAILED):
         from sandcell.cli.terminal import RemoteGone, interactive
 
-        with _connected(sandbox_id, url, api_key) as sbx:
+        with connected(sandbox_id, url, api_key) as sbx:
             try:
                 code = interactive(sbx, command, terminal, **options)
             except RemoteGone as exc:
-                raise _fail(f"SANDBOX_UNREACHABLE: {exc}", SANDCELL_FAILED) from None
+                raise fail(f"SANDBOX_UNREACHABLE: {exc}", SANDCELL_FAILED) from None
     return code
 
 
@@ -412,7 +320,7 @@ def run(
     """
     command, options = _command(cmd), {"timeout": timeout, "env": _pairs(env, "--env"), "cwd": cwd}
     interrupts = _Interrupts()
-    with _reporting(SANDCELL_FAILED), interrupts:
+    with reporting(SANDCELL_FAILED), interrupts:
         from sandcell.client import Sandbox
 
         sbx = None
@@ -426,7 +334,7 @@ def run(
                 _delete_for_sure(sbx, url, api_key)
         except KeyboardInterrupt:
             done = "; the sandbox was deleted" if sbx is not None else ""
-            raise _fail(f"interrupted{done}", interrupts.exit_code) from None
+            raise fail(f"interrupted{done}", interrupts.exit_code) from None
     raise typer.Exit(result.exit_code)
 
 
@@ -521,15 +429,15 @@ def cp(
     """
     remote_src, remote_dst = _remote(src), _remote(dst)
     if (remote_src is None) == (remote_dst is None):
-        raise _fail("exactly one of SRC and DST must be ID:path", 2)
+        raise fail("exactly one of SRC and DST must be ID:path", 2)
     sandbox_id, remote_path = remote_src or remote_dst  # type: ignore[misc]
-    with _reporting(), _connected(sandbox_id, url, api_key) as sbx:
+    with reporting(), connected(sandbox_id, url, api_key) as sbx:
         if remote_dst is not None:
             summary = _upload(sbx, src, remote_path)
         else:
             summary = _download(sbx, remote_path, dst)
     if json_out:
-        _print_json(summary)
+        print_json(summary)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 
 import typer
 
-from sandcell.cli.sandboxes import (
+from sandcell.cli.common import (
     ApiKeyOpt,
     JsonOpt,
     UrlOpt,
-    _print_json,
-    _print_table,
-    _reporting,
+    print_json,
+    print_table,
+    reporting,
 )
 
 template_app = typer.Typer(
@@ -29,12 +29,12 @@ template_app = typer.Typer(
 @template_app.command("ls")
 def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """List templates with their image's base and state."""
-    with _reporting():
+    with reporting():
         from sandcell.client.templates import Templates
 
         templates = Templates.list(api_key=api_key, url=url)
     if json_out:
-        _print_json(templates)
+        print_json(templates)
         return
     from rich.table import Table
 
@@ -53,7 +53,7 @@ def ls(json_out: JsonOpt = False, url: UrlOpt = None, api_key: ApiKeyOpt = None)
             _size(image.get("size_bytes")),
             _when(image.get("built_at")),
         )
-    _print_table(table)
+    print_table(table)
 
 
 @template_app.command("build")
@@ -79,7 +79,7 @@ def build(
             elif event.get("event") == "log":
                 progress.console.print(str(event.get("line", "")), markup=False, highlight=False)
 
-        with _reporting():
+        with reporting():
             try:
                 image = Templates.build(name, on_event=show, api_key=api_key, url=url)
             except BuildFailedError as exc:  # its log's last lines, then the one-line error
@@ -87,7 +87,7 @@ def build(
                     console.print(str(line), markup=False, highlight=False)
                 raise
     if json_out:
-        _print_json(image)
+        print_json(image)
     else:
         size = _size(image.get("size_bytes"))
         typer.echo(f"{name}: {image.get('state')} {image.get('digest')} {size}")
@@ -96,7 +96,7 @@ def build(
 @template_app.command("rm")
 def rm(name: str, url: UrlOpt = None, api_key: ApiKeyOpt = None) -> None:
     """Delete a template's image (refused while sandboxes of it run)."""
-    with _reporting():
+    with reporting():
         from sandcell.client.templates import Templates
 
         removed = Templates.remove(name, api_key=api_key, url=url)
