@@ -96,7 +96,7 @@ def test_websocket_upgrades_must_be_signed_for_their_path(client, daemon, app_po
     token = signed_for and tokens.mint_request_token(
         daemon.session_key, daemon.sandbox_id, "GET", signed_for, b""
     )
-    with pytest.raises(Rejected, match="403"):
+    with pytest.raises(Rejected, match="401"):
         asyncio.run(_upgrade(daemon, target, token))
 
 

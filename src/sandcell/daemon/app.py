@@ -12,7 +12,6 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from sandcell import __version__
@@ -27,14 +26,20 @@ from sandcell.daemon.exec_stream import exec_stream
 from sandcell.daemon.files import Files
 from sandcell.daemon.proctable import ProcessTable
 from sandcell.daemon.runner import CommandSpec, Runner
+from sandcell.daemon.table import (
+    JSON_BODY,
+    DaemonOperation,
+    WebSocketOperation,
+    call_of,
+    json_of,
+    routes,
+)
 from sandcell.daemon.workspace import Workspace
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import declared_length, path_with_query, read_body, stream_body
+from sandcell.http.bodies import declared_length, read_body, stream_body
 from sandcell.http.errors import EXCEPTION_HANDLERS
-from sandcell.http.openapi import Operation, Query, openapi, routes
-from sandcell.tokens import VerifiedToken
+from sandcell.http.openapi import Operation, Query, openapi
 
-MAX_JSON_BODY = 8 * 1_048_576
 NDJSON = "application/x-ndjson"
 BUFFERED_RESULT_BYTES = 1_048_576
 _PATH = Query("path", {"type": "string"}, required=True, description="workspace-relative")
@@ -54,20 +59,6 @@ class Daemon:
         self.started = time.monotonic()
         # A snapshot: commands read the allow-listed names from it, never os.environ itself.
         self._environ = dict(environ)
-
-    def authorize(self, request: Request, body: bytes | None, body_required: bool) -> VerifiedToken:
-        return self.guard.check_request(
-            request.headers.get("authorization"),
-            request.method,
-            path_with_query(request),
-            body,
-            body_required,
-        )
-
-    async def json_body(self, request: Request, shape: type[schemas.ShapeT]) -> schemas.ShapeT:
-        body = await read_body(request, MAX_JSON_BODY)
-        self.authorize(request, body, body_required=True)
-        return schemas.parse(shape, body)
 
     def command_env(self, request: dict[str, str] | None) -> dict[str, str]:
         """The environment of a process of the user: the allow-list, never os.environ."""
@@ -128,7 +119,7 @@ async def health(request: Request) -> Response:
 
 
 async def init(request: Request) -> Response:
-    body = await read_body(request, MAX_JSON_BODY)
+    body = await read_body(request, JSON_BODY.limit)
     req = schemas.parse(schemas.InitRequest, body)
     _daemon(request).guard.initialize(req.token)
     return JSONResponse({"status": "initialized"})
@@ -136,7 +127,7 @@ async def init(request: Request) -> Response:
 
 async def exec_command(request: Request) -> Response:
     d = _daemon(request)
-    spec = d.command_spec(await d.json_body(request, schemas.ExecRequest))
+    spec = d.command_spec(json_of(request, schemas.ExecRequest))
     if NDJSON in request.headers.get("accept", ""):
         return StreamingResponse(exec_stream(d.runner, spec), media_type=NDJSON)
     result = await d.runner.run(spec)
@@ -155,7 +146,7 @@ async def _in_loop(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
 
 async def write_file(request: Request) -> Response:
     d = _daemon(request)
-    verified = d.authorize(request, None, body_required=False)
+    verified = call_of(request).token
     path = _query(request, "path")
     length = declared_length(request)
     if "bsh" not in verified.claims:  # a streamed upload: no digest to hold it against
@@ -177,7 +168,6 @@ async def write_file(request: Request) -> Response:
 
 async def read_file(request: Request) -> Response:
     d = _daemon(request)
-    d.authorize(request, None, body_required=False)
     fd, size = d.files.open_for_read(_query(request, "path"))
     return StreamingResponse(
         d.files.iter_fd(fd),
@@ -188,14 +178,12 @@ async def read_file(request: Request) -> Response:
 
 async def delete_file(request: Request) -> Response:
     d = _daemon(request)
-    d.authorize(request, None, body_required=False)
     d.files.remove(_query(request, "path"), _flag(request, "recursive"))
     return Response(status_code=204)
 
 
 async def list_files(request: Request) -> Response:
     d = _daemon(request)
-    d.authorize(request, None, body_required=False)
     raw_depth = request.query_params.get("depth", "1")
     if not (raw_depth.isascii() and raw_depth.isdigit()):  # int() refuses "³", isdigit not
         raise SandcellError(ErrorCode.BAD_REQUEST, "depth must be a positive integer")
@@ -205,19 +193,28 @@ async def list_files(request: Request) -> Response:
 
 async def stat_file(request: Request) -> Response:
     d = _daemon(request)
-    d.authorize(request, None, body_required=False)
     return JSONResponse(d.files.stat(_query(request, "path")))
+
+
+async def put_env(request: Request) -> Response:
+    """Replaces the sandbox's default env for later commands: the manager's, when a live
+    egress change brings or takes away the proxy variables (SPEC §11). Outside /v1, so the
+    router's relay of /v1 calls cannot reach it; the token is the session key's, as any."""
+    env = json_of(request, schemas.DefaultEnv).env
+    validate_env(env, field="env")
+    _daemon(request).guard.default_env = dict(env)
+    return Response(status_code=204)
 
 
 async def make_dir(request: Request) -> Response:
     d = _daemon(request)
-    req = await d.json_body(request, schemas.MkdirRequest)
+    req = json_of(request, schemas.MkdirRequest)
     return JSONResponse(d.files.mkdir(req.path, req.parents))
 
 
 async def move_file(request: Request) -> Response:
     d = _daemon(request)
-    req = await d.json_body(request, schemas.MoveRequest)
+    req = json_of(request, schemas.MoveRequest)
     return JSONResponse(d.files.move(req.source, req.to, req.overwrite))
 
 
@@ -225,9 +222,8 @@ async def exposed_port(request: Request) -> Response:
     """SPEC §11: relayed to 127.0.0.1:{port}, the cell's own loopback."""
     from sandcell.network import ports  # h11 loads on the first relayed request only
 
-    d = _daemon(request)
-    body = await read_body(request, MAX_JSON_BODY)
-    d.authorize(request, body, body_required=True)
+    body = call_of(request).body
+    assert body is not None
     return await ports.relay(request, body)
 
 
@@ -235,14 +231,6 @@ async def exposed_port_websocket(websocket: WebSocket) -> None:
     """SPEC §11: a WebSocket to 127.0.0.1:{port}, the upgrade signed like any GET."""
     from sandcell.network import ports
 
-    d = _daemon(websocket)
-    try:
-        d.guard.check_request(
-            websocket.headers.get("authorization"), "GET", path_with_query(websocket), b"", True
-        )
-    except SandcellError:
-        await websocket.close(1008)  # before accepting: the handshake fails (HTTP 403)
-        return
     await ports.relay_websocket(websocket)
 
 
@@ -270,6 +258,15 @@ OPERATIONS = (
         response=schemas.InitResponse,
         errors=(403, 409, 413, 429),
         secured=False,
+    ),
+    Operation(
+        "PUT",
+        "/env",
+        put_env,
+        "Replace the default env of later commands (the manager's)",
+        body=schemas.DefaultEnv,
+        status=204,
+        errors=(400, 413, 503),
     ),
     Operation(
         "POST",
@@ -348,12 +345,13 @@ OPERATIONS = (
         errors=(403, 404, 409, 503),
     ),
     *(
-        Operation(
+        DaemonOperation(
             method,
             "/v1/ports/{port}/{path:path}",
             exposed_port,
             "Relayed to 127.0.0.1:{port} in the cell",
             errors=(400, 401, 413, 502),
+            reads=JSON_BODY,  # relayed whole, bound to the token
         )
         for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
     ),
@@ -363,13 +361,13 @@ OPERATIONS = (
 )
 
 
+WEBSOCKETS = (
+    WebSocketOperation("/v1/ports/{port}/{path:path}", exposed_port_websocket, bound=True),
+    process_api.ATTACH,
+)
+
+
 def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> Starlette:
-    websockets = [
-        WebSocketRoute("/v1/ports/{port}/{path:path}", exposed_port_websocket),
-        process_api.ATTACH_ROUTE,
-    ]
-    app = Starlette(
-        routes=[*routes(OPERATIONS), *websockets], exception_handlers=EXCEPTION_HANDLERS
-    )
+    app = Starlette(routes=routes(OPERATIONS, WEBSOCKETS), exception_handlers=EXCEPTION_HANDLERS)
     app.state.daemon = Daemon(config, dict(os.environ) if environ is None else environ)
     return app

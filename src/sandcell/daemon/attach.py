@@ -2,7 +2,8 @@
 
 Binary frames in are stdin (or terminal input); binary frames out are output; text frames
 carry JSON control (`resize` in, `exit` out). The upgrade GET carries a request token bound
-to `htm=GET` and its path: without a valid one the upgrade is refused with a 401 body.
+to `htm=GET` and its path: without a valid one the route table (daemon/table.py) refuses
+the upgrade with a 401 body before this runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandcell.daemon.outputlog import Chunk, parse_offset
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import path_with_query
 from sandcell.http.errors import error_response
 
 if TYPE_CHECKING:
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
 async def attach(websocket: WebSocket) -> None:
     daemon = websocket.app.state.daemon
     try:
-        daemon.guard.check_request(
-            websocket.headers.get("authorization"), "GET", path_with_query(websocket), None, False
-        )
         process = daemon.processes.get(websocket.path_params["pid"])
         offset = parse_offset(websocket.query_params.get("offset", "0"))
     except SandcellError as exc:

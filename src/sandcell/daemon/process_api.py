@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import WebSocketRoute
 
 from sandcell.cellapi import processes as schemas
 from sandcell.cellapi.processes import TerminalSize
 from sandcell.daemon.attach import attach
 from sandcell.daemon.outputlog import Chunk, parse_offset
 from sandcell.daemon.proctable import Launch, Process, parse_signal
+from sandcell.daemon.table import Body, DaemonOperation, WebSocketOperation, call_of, json_of
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import read_body
 from sandcell.http.openapi import Operation, Query
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ def _process(request: Request) -> Process:
 
 async def start_process(request: Request) -> Response:
     d = _daemon(request)
-    req = await d.json_body(request, schemas.StartProcess)
+    req = json_of(request, schemas.StartProcess)
     cwd, env = d.command_place(req)
     launch = Launch(
         command=req.command,
@@ -57,18 +56,14 @@ async def start_process(request: Request) -> Response:
 
 
 async def list_processes(request: Request) -> Response:
-    d = _daemon(request)
-    d.authorize(request, None, body_required=False)
-    return JSONResponse({"processes": d.processes.list()})
+    return JSONResponse({"processes": _daemon(request).processes.list()})
 
 
 async def get_process(request: Request) -> Response:
-    _daemon(request).authorize(request, None, body_required=False)
     return JSONResponse(_process(request).info())
 
 
 async def process_output(request: Request) -> Response:
-    _daemon(request).authorize(request, None, body_required=False)
     offset = parse_offset(request.query_params.get("offset", "0"))
     follow = request.query_params.get("follow", "false").lower()
     if follow not in ("true", "false", "1", "0"):
@@ -93,38 +88,35 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 async def write_stdin(request: Request) -> Response:
-    d = _daemon(request)
-    body = await read_body(request, MAX_STDIN_BODY)
-    d.authorize(request, body, body_required=False)
+    body = call_of(request).body
+    assert body is not None
     await _process(request).write_stdin(body)
     return Response(status_code=204)
 
 
 async def close_stdin(request: Request) -> Response:
-    _daemon(request).authorize(request, None, body_required=False)
     await _process(request).close_stdin()
     return Response(status_code=204)
 
 
 async def signal_process(request: Request) -> Response:
-    req = await _daemon(request).json_body(request, schemas.SignalRequest)
+    req = json_of(request, schemas.SignalRequest)
     _process(request).send_signal(parse_signal(req.signal))
     return Response(status_code=204)
 
 
 async def resize_process(request: Request) -> Response:
-    req = await _daemon(request).json_body(request, TerminalSize)
+    req = json_of(request, TerminalSize)
     _process(request).resize(req.cols, req.rows)
     return Response(status_code=204)
 
 
 async def kill_process(request: Request) -> Response:
-    _daemon(request).authorize(request, None, body_required=False)
     _process(request).kill()
     return Response(status_code=204)
 
 
-ATTACH_ROUTE = WebSocketRoute(f"{_PID}/ws", attach)
+ATTACH = WebSocketOperation(f"{_PID}/ws", attach)
 OPERATIONS = (
     Operation(
         "POST",
@@ -164,7 +156,7 @@ OPERATIONS = (
         ),
         errors=(404, 503),
     ),
-    Operation(
+    DaemonOperation(
         "POST",
         f"{_PID}/stdin",
         write_stdin,
@@ -172,6 +164,7 @@ OPERATIONS = (
         body="application/octet-stream",
         status=204,
         errors=(404, 409, 413, 503),
+        reads=Body(MAX_STDIN_BODY, bound=False),  # checked against `bsh` when it has one
     ),
     Operation(
         "POST",

@@ -10,8 +10,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.cellapi import schemas
 from sandcell.cellapi.environment import validate_env
 from sandcell.daemon.code.results import RunOutput
+from sandcell.daemon.table import Body, DaemonOperation, json_of
 from sandcell.http import ndjson
-from sandcell.http.bodies import read_body
 from sandcell.http.openapi import Operation
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def _daemon(request: Request) -> Daemon:
 
 async def run_code(request: Request) -> Response:
     d = _daemon(request)
-    req = await d.json_body(request, schemas.CodeRunRequest)
+    req = json_of(request, schemas.CodeRunRequest)
     env = req.env or {}
     validate_env(env)
     language = req.language or ("python" if req.context_id is None else None)
@@ -47,29 +47,23 @@ async def run_code(request: Request) -> Response:
 
 async def create_context(request: Request) -> Response:
     d = _daemon(request)
-    req = await d.json_body(request, schemas.CodeContextRequest)
+    req = json_of(request, schemas.CodeContextRequest)
     language = d.contexts.language(req.language)  # an unknown language is a 400 first
     context = d.contexts.create(language.name, d.workspace.directory(req.cwd))
     return JSONResponse(context.view(), status_code=201)
 
 
 async def list_contexts(request: Request) -> Response:
-    d = _daemon(request)
-    d.authorize(request, None, body_required=False)
-    return JSONResponse({"contexts": d.contexts.list()})
+    return JSONResponse({"contexts": _daemon(request).contexts.list()})
 
 
 async def restart_context(request: Request) -> Response:
-    d = _daemon(request)
-    d.authorize(request, await read_body(request, MAX_EMPTY_BODY), body_required=True)
-    d.contexts.get(request.path_params["context_id"]).restart()
+    _daemon(request).contexts.get(request.path_params["context_id"]).restart()
     return Response(status_code=204)
 
 
 async def delete_context(request: Request) -> Response:
-    d = _daemon(request)
-    d.authorize(request, None, body_required=False)
-    d.contexts.remove(request.path_params["context_id"])
+    _daemon(request).contexts.remove(request.path_params["context_id"])
     return Response(status_code=204)
 
 
@@ -101,13 +95,14 @@ CODE_OPERATIONS = (
         response=schemas.CodeContextList,
         errors=(503,),
     ),
-    Operation(
+    DaemonOperation(
         "POST",
         "/v1/code/contexts/{context_id}/restart",
         restart_context,
         "Restart a context: fresh state",
         status=204,
         errors=(404, 503),
+        reads=Body(MAX_EMPTY_BODY, bound=True),  # no body, but the token binds its emptiness
     ),
     Operation(
         "DELETE",
