@@ -139,6 +139,12 @@ class EntryList(Shape):
     entries: list[Entry]
 
 
+class DefaultEnv(Strict):
+    """The sandbox's default env, replaced whole (`PUT /env`, the manager's)."""
+
+    env: Annotated[dict[str, str], Meta(max_length=4096)]
+
+
 class MkdirRequest(Strict):
     path: str
     parents: bool = True
