@@ -177,11 +177,14 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             snapshot_quota_bytes=settings.snapshot_quota_mb * MIB,
         )
         limits = Limits(
-            settings.max_inflight,
-            settings.max_sandboxes_per_key,
-            settings.max_inflight_per_key,
-            settings.body_budget_bytes,
-            settings.body_budget_per_key_bytes,
+            max_inflight=settings.max_inflight,
+            max_sandboxes_per_key=settings.max_sandboxes_per_key,
+            max_inflight_per_key=settings.max_inflight_per_key,
+            max_inflight_anonymous=settings.max_inflight_anonymous,
+            max_sessions_per_key=settings.max_sessions_per_key,
+            max_sessions=settings.max_sessions,
+            body_budget_bytes=settings.body_budget_bytes,
+            body_budget_per_key_bytes=settings.body_budget_per_key_bytes,
         )
         router = Router(store, manager, limits)
         if isinstance(backend, LocalBackend) and backend.egress is not None:
@@ -196,6 +199,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             port=settings.port,
             loop="none",  # the caller runs uvloop already (uvicorn sets a loop up only in run())
             http=guarded_protocol(settings.connections),
+            ws="wsproto",  # the one WebSocket library, as on the hops behind it
             access_log=False,  # sandcell.access logs requests, with their ids
             log_config=None,  # logs.configure routes uvicorn's records too
             log_level="warning",

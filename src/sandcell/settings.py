@@ -33,6 +33,9 @@ SERVER_KEYS = {
     "min_body_rate",
     "max_connections",
     "max_inflight_per_key",
+    "max_inflight_anonymous",
+    "max_sessions_per_key",
+    "max_sessions",
     "body_budget_bytes",
     "body_budget_per_key_bytes",
     "snapshot_quota_mb",
@@ -66,6 +69,9 @@ class Settings:
     preview_domain: str = ""  # "{port}-{sandbox id}.{preview_domain}" reaches exposed ports
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     max_inflight_per_key: int = 0  # 0: a quarter of max_inflight
+    max_inflight_anonymous: int = 0  # keyless callers (preview URLs) together; 0: a quarter
+    max_sessions_per_key: int = 64  # WebSocket sessions of one key (or one sandbox's visitors)
+    max_sessions: int = 0  # all WebSocket sessions; 0 (and the ceiling): from RLIMIT_NOFILE
     body_budget_bytes: int = 128 * MIB
     body_budget_per_key_bytes: int = 32 * MIB
     snapshot_quota_mb: int = 10_240  # per principal, all its snapshots together (SPEC §13)
@@ -105,6 +111,9 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         preview_domain=str(server.get("preview_domain", "")).lower().strip("."),
         connections=_connection_limits(server),
         max_inflight_per_key=_int(server, "max_inflight_per_key", 0, 0, 1_000_000),
+        max_inflight_anonymous=_int(server, "max_inflight_anonymous", 0, 0, 1_000_000),
+        max_sessions_per_key=_int(server, "max_sessions_per_key", 64, 1, 1_000_000),
+        max_sessions=_int(server, "max_sessions", 0, 0, 1_000_000),
         body_budget_bytes=_int(server, "body_budget_bytes", 128 * MIB, MIB, 1 << 40),
         snapshot_quota_mb=_int(server, "snapshot_quota_mb", 10_240, 0, 1 << 30),
         body_budget_per_key_bytes=_int(server, "body_budget_per_key_bytes", 32 * MIB, MIB, 1 << 40),

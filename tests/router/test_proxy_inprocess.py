@@ -1,4 +1,4 @@
-"""`DaemonProxy` against a real daemon app served in-process (uvicorn on a unix socket in
+"""the core's `Hop` against a real daemon app served in-process (uvicorn on a unix socket in
 the test's own event loop).
 
 Signing, body binding, path confinement, connection reuse and error mapping of the proxy run
@@ -19,11 +19,11 @@ from starlette.applications import Starlette
 from sandcell import tokens
 from sandcell.cellapi.client import dialer
 from sandcell.cellapi.environment import DEFAULT_INHERIT
-from sandcell.daemon import spawn
-from sandcell.daemon.app import create_app as daemon_app
 from sandcell.daemon.config import DaemonConfig
+from sandcell.daemon.exec import spawn
+from sandcell.daemon.http.app import create_app as daemon_app
 from sandcell.http.upstream import Dial
-from sandcell.router.proxy import DaemonProxy
+from sandcell.router.core import Hop
 from support.proxying import proxy_client, sandbox_record, served, stored
 
 SANDBOX_ID = "sbx-inproc"
@@ -54,7 +54,7 @@ def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
 
 @pytest.fixture
 async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[str]]]:
-    """A client of a one-route app that forwards to the daemon through a `DaemonProxy`;
+    """A client of a one-route app that forwards to the daemon through a the core's `Hop`;
     the list collects each endpoint the proxy asked to dial and each connection it opened."""
     (tmp_path / "ws").mkdir()
     bootstrap, session = tokens.generate_p256(), tokens.generate_p256()
@@ -80,7 +80,7 @@ async def front(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[s
 
     record = sandbox_record(SANDBOX_ID, {"uds": "x"})
     async with served(daemon, uds), stored(tmp_path, record, session) as store:
-        proxy = DaemonProxy(store, dialer_for=dialer_for)
+        proxy = Hop(store, dialer_for=dialer_for)
         async with proxy_client(proxy, record) as client:
             yield client, asked
         await proxy.close()
@@ -114,7 +114,7 @@ async def test_only_the_daemons_v1_is_reachable(front: Any) -> None:
 async def test_unreachable_daemon_maps_to_502(tmp_path: Path) -> None:
     record = sandbox_record(SANDBOX_ID, {"uds": str(tmp_path / "nobody.sock")})
     async with stored(tmp_path, record, tokens.generate_p256()) as store:
-        proxy = DaemonProxy(store)
+        proxy = Hop(store)
         async with proxy_client(proxy, record) as client:
             reply = await client.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
         await proxy.close()

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from sandcell import tokens
+from sandcell.cellapi import limits as cell_limits
 from sandcell.cellapi.client import dialer
 from sandcell.http import upstream
-from sandcell.router import proxy as proxy_module
-from sandcell.router.proxy import DaemonProxy
+from sandcell.router.core import Hop
 from sandcell.store import SandboxRecord
 from support.proxying import forwarding_app, proxy_client, sandbox_record, served, stored
 
@@ -79,7 +79,7 @@ async def daemon_endpoint(
 
 @contextlib.asynccontextmanager
 async def served_client(
-    proxy: DaemonProxy, record: SandboxRecord, front: Path
+    proxy: Hop, record: SandboxRecord, front: Path
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the forwarding app served by uvicorn: streams, disconnects, backpressure."""
     transport = httpx.AsyncHTTPTransport(uds=str(front))
@@ -100,7 +100,7 @@ async def hop(
     async with daemon_endpoint(tmp_path, fake, tcp) as endpoint:
         record = sandbox_record(SANDBOX_ID, endpoint)
         async with stored(tmp_path, record, tokens.generate_p256()) as store:
-            proxy = DaemonProxy(store)
+            proxy = Hop(store)
             front = served_client(proxy, record, tmp_path / "router.sock")
             async with front if served_router else proxy_client(proxy, record) as client:
                 yield fake, client
@@ -166,7 +166,7 @@ async def test_a_head_past_the_bound_is_refused_even_in_one_piece(tmp_path: Path
 async def test_a_slow_daemon_times_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:
-    monkeypatch.setattr(proxy_module, "EXEC_TIMEOUT_MARGIN_S", 0.5)
+    monkeypatch.setattr(cell_limits, "ANSWER_MARGIN_S", 0.5)
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

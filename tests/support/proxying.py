@@ -1,5 +1,5 @@
-"""A one-route app that forwards `/v1/sandboxes/{id}/{rest}` through a `DaemonProxy`, and a
-client of it served in-process: the proxy's logic without a router process."""
+"""A one-route app that forwards `/v1/sandboxes/{id}/{rest}` through the core's `Hop` and its
+HTTP adapter, and a client of it served in-process: the hop's logic without a router."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from starlette.routing import Route
 
 from sandcell import tokens
 from sandcell.http.errors import EXCEPTION_HANDLERS
-from sandcell.router.proxy import DaemonProxy
+from sandcell.http.hop import check_path
+from sandcell.router.core import Hop
+from sandcell.router.proxy import call_of, respond, sandbox_target
 from sandcell.store import SandboxRecord, Sealer, Store, open_store
 
 
@@ -41,9 +43,11 @@ def sandbox_record(sandbox_id: str, endpoint: dict[str, Any]) -> SandboxRecord:
     )
 
 
-def forwarding_app(proxy: DaemonProxy, record: SandboxRecord) -> Starlette:
+def forwarding_app(proxy: Hop, record: SandboxRecord) -> Starlette:
     async def forward(request: Request) -> Response:
-        return await proxy.forward(request, record, request.path_params["rest"])
+        check_path(request.path_params["rest"])
+        target = sandbox_target(request, f"/v1/sandboxes/{record.id}/")
+        return respond(await proxy.exchange(record, await call_of(request, target)))
 
     route = Route("/v1/sandboxes/{sandbox_id}/{rest:path}", forward, methods=["GET", "POST", "PUT"])
     return Starlette(routes=[route], exception_handlers=EXCEPTION_HANDLERS)
@@ -51,7 +55,7 @@ def forwarding_app(proxy: DaemonProxy, record: SandboxRecord) -> Starlette:
 
 @contextlib.asynccontextmanager
 async def proxy_client(
-    proxy: DaemonProxy, record: SandboxRecord
+    proxy: Hop, record: SandboxRecord
 ) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(forwarding_app(proxy, record))
     async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:

@@ -20,24 +20,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.websockets import WebSocket
 
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http import hop
 from sandcell.network import websocket as ws
 
 CHUNK = 65_536
 CONNECT_TIMEOUT_S = 5.0
 RESPONSE_TIMEOUT_S = 120.0  # the router's own default read timeout
-# Hop-by-hop (RFC 9110 §7.6.1), and the daemon's token: never passed on either way.
-HOP_BY_HOP = {
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"host",
-    b"authorization",
-    b"content-length",
-}
 
 
 def target_port(request: HTTPConnection) -> int:
@@ -62,11 +50,7 @@ async def relay(request: Request, body: bytes) -> Response:
     except (OSError, TimeoutError, h11.ProtocolError) as exc:
         writer.close()
         raise _unreachable(port, f"no valid HTTP answer ({type(exc).__name__})") from exc
-    headers = {
-        k.decode("latin-1"): v.decode("latin-1")
-        for k, v in head.headers
-        if k not in HOP_BY_HOP - {b"content-length"}
-    }
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in hop.relayed(head.headers)}
     return StreamingResponse(
         _body(conn, reader),
         status_code=head.status_code,
@@ -79,7 +63,7 @@ def _request_bytes(conn: h11.Connection, request: Request, port: int, body: byte
     rest = request.path_params.get("path", "")
     query = request.url.query
     target = "/" + rest + (f"?{query}" if query else "")
-    headers = [(k, v) for k, v in request.headers.raw if k.lower() not in HOP_BY_HOP]
+    headers = hop.forwarded(request.headers.raw)  # the daemon's token never reaches the app
     headers += [
         (b"host", f"127.0.0.1:{port}".encode()),
         (b"connection", b"close"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from wsproto import ConnectionType, WSConnection
@@ -21,6 +21,7 @@ from wsproto.events import (
     Event,
     Ping,
     RejectConnection,
+    RejectData,
     Request,
     TextMessage,
 )
@@ -34,8 +35,20 @@ HANDSHAKE_TIMEOUT_S = 10.0
 GOING_AWAY, TOO_BIG, BROKEN = 1001, 1009, 1011
 
 
+MAX_REJECTION_BODY = 65_536
+
+
 class Rejected(Exception):
-    """The upstream refused the WebSocket handshake (or spoke no WebSocket)."""
+    """The upstream refused the WebSocket handshake (or spoke no WebSocket): its HTTP
+    answer, when it gave one (status 502 when it gave none)."""
+
+    def __init__(
+        self, why: str, status: int = 502, body: bytes = b"", media_type: str | None = None
+    ) -> None:
+        super().__init__(why)
+        self.status = status
+        self.body = body
+        self.media_type = media_type
 
 
 class Upstream:
@@ -63,13 +76,29 @@ class Upstream:
             )
         )
         try:
-            event = await asyncio.wait_for(self.next_event(), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                event = await self.next_event()
+                if isinstance(event, RejectConnection):
+                    raise await self._rejection(event)
         except (TimeoutError, RemoteProtocolError, OSError) as exc:
             raise Rejected(f"no WebSocket handshake: {exc}") from exc
         if not isinstance(event, AcceptConnection):
-            status = event.status_code if isinstance(event, RejectConnection) else "none"
-            raise Rejected(f"the WebSocket handshake was refused (HTTP {status})")
+            raise Rejected("the upstream spoke no WebSocket")
         self.subprotocol = event.subprotocol
+
+    async def _rejection(self, event: RejectConnection) -> Rejected:
+        """The refusal with its body (bounded), so the caller can pass the answer on."""
+        media_type = dict(event.headers).get(b"content-type", b"").decode("latin-1") or None
+        body = b""
+        while event.has_body and len(body) <= MAX_REJECTION_BODY:
+            part = await self.next_event()
+            if not isinstance(part, RejectData):
+                break
+            body += part.data
+            if part.body_finished:
+                break
+        why = f"the WebSocket handshake was refused (HTTP {event.status_code})"
+        return Rejected(why, event.status_code, body[:MAX_REJECTION_BODY], media_type)
 
     def send(self, event: Event) -> None:
         self.writer.write(self.ws.send(event))
@@ -88,12 +117,19 @@ class Upstream:
         self.writer.close()
 
 
-async def relay(websocket: WebSocket, upstream: Upstream) -> None:
-    """Both directions until either side closes; then the other is closed too."""
+async def _nothing() -> None:
+    return None
+
+
+async def relay(
+    websocket: WebSocket, upstream: Upstream, seen: Callable[[], Awaitable[None]] = _nothing
+) -> None:
+    """Both directions until either side closes; then the other is closed too. `seen` is
+    awaited on each message, either way (the sandbox's activity)."""
     try:
         await both_ways(
-            _client_to_upstream(websocket, upstream),
-            _upstream_to_client(websocket, upstream),
+            _client_to_upstream(websocket, upstream, seen),
+            _upstream_to_client(websocket, upstream, seen),
             until_first=asyncio.FIRST_COMPLETED,
         )
     finally:
@@ -102,9 +138,12 @@ async def relay(websocket: WebSocket, upstream: Upstream) -> None:
             await websocket.close(GOING_AWAY)  # already closed: nothing to do
 
 
-async def _client_to_upstream(websocket: WebSocket, upstream: Upstream) -> None:
+async def _client_to_upstream(
+    websocket: WebSocket, upstream: Upstream, seen: Callable[[], Awaitable[None]]
+) -> None:
     while True:
         message = await websocket.receive()
+        await seen()
         if message["type"] == "websocket.disconnect":
             with contextlib.suppress(LocalProtocolError):
                 upstream.send(CloseConnection(code=message.get("code") or 1000))
@@ -116,7 +155,9 @@ async def _client_to_upstream(websocket: WebSocket, upstream: Upstream) -> None:
         await upstream.writer.drain()
 
 
-async def _upstream_to_client(websocket: WebSocket, upstream: Upstream) -> None:
+async def _upstream_to_client(
+    websocket: WebSocket, upstream: Upstream, seen: Callable[[], Awaitable[None]]
+) -> None:
     parts: list[str | bytes] = []
     size = 0
     while (event := await upstream.next_event()) is not None:
@@ -134,6 +175,7 @@ async def _upstream_to_client(websocket: WebSocket, upstream: Upstream) -> None:
                 await websocket.close(TOO_BIG)
                 return
             if event.message_finished:
+                await seen()
                 await _deliver(websocket, parts)
                 parts, size = [], 0
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):

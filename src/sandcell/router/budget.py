@@ -12,6 +12,9 @@ because big uploads hold the budget, and costs no bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from sandcell.errors import ErrorCode, SandcellError
 
 RETRY_AFTER = {"Retry-After": "1"}
@@ -25,8 +28,14 @@ class ByteBudget:
         self.used = 0
         self._by_key: dict[str, int] = {}
 
-    def lease(self, key: str) -> Lease:
-        return Lease(self, key)
+    @contextlib.contextmanager
+    def leased(self, key: str) -> Iterator[Lease]:
+        """What one request may hold of the budget, given back when it ends."""
+        lease = Lease(self, key)
+        try:
+            yield lease
+        finally:
+            lease.release()
 
     def _take(self, key: str, n: int) -> None:
         held = self._by_key.get(key, 0)

@@ -1,10 +1,14 @@
-"""Per-request context: a request id, the in-flight bound, metrics and the access log.
+"""Per-request context: a request id, the in-flight bound, what the request holds at the
+door, metrics and the access log.
 
-Plain ASGI (no BaseHTTPMiddleware), so streamed bodies pass through untouched.
+Plain ASGI (no BaseHTTPMiddleware), so streamed bodies pass through untouched. The health
+probes are answered whatever the in-flight bound says: a flood of other requests must not
+make a healthy router look dead to its supervisor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -17,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandcell.errors import ErrorCode, error_body
 from sandcell.http.errors import CLIENT_CLOSED
 from sandcell.logs import printable
+from sandcell.router.door import HOLDS
 
 if TYPE_CHECKING:
     from sandcell.router.app import Router
@@ -25,6 +30,7 @@ log = logging.getLogger("sandcell.access")
 REQUEST_ID = b"x-request-id"
 # Echoed in a response header and logged: visible ASCII only.
 CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+PROBES = frozenset({"/healthz", "/readyz"})
 
 
 class RequestContext:
@@ -39,7 +45,7 @@ class RequestContext:
             return
         request_id = _request_id(scope)
         metrics = self.router.metrics
-        if self.inflight >= self.router.limits.max_inflight:
+        if self.inflight >= self.router.limits.max_inflight and scope["path"] not in PROBES:
             await _overloaded(send, request_id)
             metrics.requests.labels("overloaded", scope["method"], "503").inc()
             return
@@ -56,11 +62,12 @@ class RequestContext:
         self.inflight += 1
         metrics.inflight.inc()
         try:
-            await self.app(scope, receive, send_with_id)
+            with contextlib.ExitStack() as holds:
+                scope[HOLDS] = holds
+                await self.app(scope, receive, send_with_id)
         finally:
             self.inflight -= 1
             metrics.inflight.dec()
-            self.router.release(scope)
             route = _route_name(scope)
             elapsed = time.perf_counter() - started
             metrics.requests.labels(route, scope["method"], str(status)).inc()

@@ -7,9 +7,7 @@ is an ordinary proxied call to the daemon, which relays it inside the cell.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
@@ -20,13 +18,16 @@ from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from sandcell import tokens
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model, read_body
+from sandcell.http.errors import error_response
+from sandcell.http.hop import check_path
 from sandcell.http.openapi import Operation
-from sandcell.network import websocket as ws
 from sandcell.network.preview import PREVIEW_KEY_NAME, PreviewSigner, new_key
-from sandcell.router import schemas
+from sandcell.router import proxy, schemas
+from sandcell.router.core import GONE
+from sandcell.router.door import anonymous
+from sandcell.router.websocket import refuse, relay
 from sandcell.store import SandboxRecord
 
 MAX_BODY = 65_536
@@ -34,7 +35,6 @@ _SBX = "/v1/sandboxes/{sandbox_id}"
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
 HOST_PREFIX = "/_preview-host"  # where `PreviewHosts` routes `{port}-{id}.{domain}` requests
 PREVIEW_COOKIE = "sandcell_preview"
-POLICY_VIOLATION = 1008  # closing before accepting fails the handshake (HTTP 403)
 TOKEN_PARAM = "sandcell_token"  # noqa: S105 - a query parameter's name
 
 
@@ -67,9 +67,10 @@ async def preview(request: Request) -> Response:
     """No API key: the token is the credential. Forged, expired, or its sandbox gone: 404."""
     token = request.path_params["token"]
     found = (await _signer(request)).verify(token)
-    record = await _running(request, found[0]) if found else None
+    record = await _live(request, found[0]) if found else None
     if found is None or record is None:
         raise _no_preview()
+    request.app.state.router.door.admit(request.scope, anonymous(record.owner))
     return await _relay(request, record, found[1], f"/p/{token}/")
 
 
@@ -98,28 +99,23 @@ async def _host_authorized(request: Request, sandbox_id: str, port: int) -> Sand
         return record
     cookie = request.cookies.get(PREVIEW_COOKIE, "")
     genuine = (await _signer(request)).verify(cookie) == (sandbox_id, port)
-    if genuine and (record := await _running(request, sandbox_id)) is not None:
+    if genuine and (record := await _live(request, sandbox_id)) is not None:
+        r.door.admit(request.scope, anonymous(record.owner))
         return record
     raise _no_preview()
 
 
-async def _running(request: HTTPConnection, sandbox_id: str) -> SandboxRecord | None:
-    record = await request.app.state.router.store.get_sandbox(sandbox_id)
-    return record if record is not None and record.state == "running" else None
+async def _live(conn: HTTPConnection, sandbox_id: str) -> SandboxRecord | None:
+    """The sandbox a preview names, unless it is gone (a paused one wakes as for any call)."""
+    record = await conn.app.state.router.store.get_sandbox(sandbox_id)
+    return record if record is not None and record.state not in GONE else None
 
 
 async def _relay(request: Request, record: SandboxRecord, port: int, prefix: str) -> Response:
     """To the daemon's /v1/ports/{port}/..., keeping the rest of the path byte for byte."""
-    rest = request.path_params["path"]
-    if any(segment in (".", "..") for segment in rest.split("/")):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
-    raw = request.scope.get("raw_path") or request.scope["path"].encode()
-    tail = raw[len(prefix) :].decode("latin-1")
-    query = request.scope.get("query_string", b"").decode("latin-1")
-    target = f"/v1/ports/{port}/{tail}" + (f"?{query}" if query else "")
-    r = request.app.state.router
-    await r.store.touch(record.id, time.time())
-    return await r.proxy.forward(request, record, f"ports/{port}/{rest}", target=target)
+    check_path(request.path_params["path"])
+    target = proxy.sandbox_target(request, prefix, f"/v1/ports/{port}/")
+    return await proxy.forward(request.app.state.router, request, record, target)
 
 
 def _no_preview() -> SandcellError:
@@ -128,63 +124,37 @@ def _no_preview() -> SandcellError:
 
 async def port_websocket(websocket: WebSocket) -> None:
     """A WebSocket to an exposed port, with the API key; refused: the handshake fails."""
+    r = websocket.app.state.router
     try:
-        _, record = await websocket.app.state.router.owned(websocket)
+        principal, record = await r.owned(websocket)
         port = _port(int(websocket.path_params["port"]))
-    except (SandcellError, ValueError):
-        await websocket.close(POLICY_VIOLATION)
+        check_path(websocket.path_params["path"])
+        prefix = f"/v1/sandboxes/{record.id}/ports/{port}/"
+        target = proxy.sandbox_target(websocket, prefix, f"/v1/ports/{port}/")
+    except ValueError:
+        await refuse(websocket, error_response(SandcellError(ErrorCode.BAD_REQUEST, "bad port")))
         return
-    await _websocket_to_daemon(websocket, record, port, f"/v1/sandboxes/{record.id}/ports/{port}/")
+    except SandcellError as exc:
+        await refuse(websocket, error_response(exc))
+        return
+    await relay(websocket, r, record, target, principal.name)
 
 
 async def preview_websocket(websocket: WebSocket) -> None:
+    """A preview URL's WebSocket: the token is the credential, the sandbox's visitors pay."""
     token = websocket.path_params["token"]
     found = (await _signer(websocket)).verify(token)
-    record = await _running(websocket, found[0]) if found else None
-    if found is None or record is None:
-        await websocket.close(POLICY_VIOLATION)
-        return
-    await _websocket_to_daemon(websocket, record, found[1], f"/p/{token}/")
-
-
-async def _websocket_to_daemon(
-    websocket: WebSocket, record: SandboxRecord, port: int, prefix: str
-) -> None:
-    """The upgrade is signed for the daemon like any GET, then messages are relayed."""
-    r = websocket.app.state.router
-    raw = websocket.scope.get("raw_path") or websocket.scope["path"].encode()
-    tail = raw[len(prefix) :].decode("latin-1")
-    query = websocket.scope.get("query_string", b"").decode("latin-1")
-    target = f"/v1/ports/{port}/{tail}" + (f"?{query}" if query else "")
-    pem = await r.store.get_session_key(record.id)
-    if pem is None or any(s in (".", "..") for s in websocket.path_params["path"].split("/")):
-        await websocket.close(POLICY_VIOLATION)
-        return
-    token = tokens.mint_request_token(tokens.load_private_key(pem), record.id, "GET", target, b"")
+    record = await _live(websocket, found[0]) if found else None
     try:
-        upstream = ws.Upstream(*await _daemon_stream(record.endpoint))
-        await upstream.handshake(
-            "sandcell-daemon",
-            target,
-            headers=[(b"authorization", f"Bearer {token}".encode())],
-            subprotocols=ws.requested_subprotocols(websocket),
-        )
-    except (OSError, ws.Rejected):
-        await websocket.close(ws.BROKEN)
+        if found is None or record is None:
+            raise _no_preview()
+        check_path(websocket.path_params["path"])
+        target = proxy.sandbox_target(websocket, f"/p/{token}/", f"/v1/ports/{found[1]}/")
+    except SandcellError as exc:
+        await refuse(websocket, error_response(exc))
         return
-    await r.store.touch(record.id, time.time())
-    await websocket.accept(subprotocol=upstream.subprotocol)
-    await ws.relay(websocket, upstream)
-
-
-async def _daemon_stream(
-    endpoint: dict[str, Any],
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    if "uds" in endpoint:
-        return await asyncio.open_unix_connection(str(endpoint["uds"]), limit=ws.CHUNK)
-    return await asyncio.open_connection(
-        str(endpoint["host"]), int(endpoint["port"]), limit=ws.CHUNK
-    )
+    r = websocket.app.state.router
+    await relay(websocket, r, record, target, anonymous(record.owner))
 
 
 async def _signer(request: HTTPConnection) -> PreviewSigner:

@@ -15,7 +15,7 @@ from sandcell.router import schemas
 from sandcell.store import SandboxRecord
 
 if TYPE_CHECKING:
-    from sandcell.router.app import Router
+    from sandcell.router.core import Router
 
 _SBX = "/v1/sandboxes/{sandbox_id}"
 MAX_BODY = 4096
@@ -24,15 +24,18 @@ MAX_BODY = 4096
 async def pause(request: Request) -> Response:
     r: Router = request.app.state.router
     _, record = await r.owned(request)
-    r.proxy.forget(record)  # its session key and connections die with the cell
-    paused = await r.manager.persistence.pause(record.id)
-    return JSONResponse(schemas.sandbox_view(paused))
+    return JSONResponse(schemas.sandbox_view(await pause_sandbox(r, record)))
+
+
+async def pause_sandbox(r: Router, record: SandboxRecord) -> SandboxRecord:
+    r.hop.forget(record)  # its session key and connections die with the cell
+    return await r.manager.persistence.pause(record.id)
 
 
 async def resume(request: Request) -> Response:
     r: Router = request.app.state.router
     _, record = await r.owned(request)
-    return JSONResponse(schemas.sandbox_view(await _resume(r, record)))
+    return JSONResponse(schemas.sandbox_view(await resume_sandbox(r, record)))
 
 
 async def wake(r: Router, record: SandboxRecord) -> SandboxRecord:
@@ -49,14 +52,14 @@ async def wake(r: Router, record: SandboxRecord) -> SandboxRecord:
                 f"sandbox {record.id} is paused; resume it first",
                 {"sandbox_id": record.id, "state": record.state},
             )
-        return await _resume(r, record)
+        return await resume_sandbox(r, record)
     raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
 
 
-async def _resume(r: Router, record: SandboxRecord) -> SandboxRecord:
+async def resume_sandbox(r: Router, record: SandboxRecord) -> SandboxRecord:
     """A resumed sandbox is live again: it needs one of its owner's slots (429 without),
     held until the resume has counted it (a running one needs none)."""
-    r.proxy.forget(record)  # a new cell: a new session key and endpoint
+    r.hop.forget(record)  # a new cell: a new session key and endpoint
     if record.state == "running":
         return record
     reservation = await r.reserve(record.owner)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.store import SandboxRecord
+
+if TYPE_CHECKING:
+    from sandcell.router.core import Router
 
 MIB = 1_048_576
 
@@ -31,12 +36,17 @@ class SandboxMetrics(BaseModel):
 async def sandbox_metrics(request: Request) -> Response:
     r = request.app.state.router
     _, record = await r.owned(request)
+    return JSONResponse((await metrics_of(r, record)).model_dump())
+
+
+async def metrics_of(r: Router, record: SandboxRecord) -> SandboxMetrics:
+    """What the backend reads of a running sandbox's cell."""
     if record.state != "running":
         raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
     used = await r.manager.backend.usage(record.cell)
     template = r.manager.template(record.template)
     own = template.resources(record.resources)  # the create's, within the template's max_*
-    metrics = SandboxMetrics(
+    return SandboxMetrics(
         cpu_used_s=used.cpu_used_s,
         cpu_percent=used.cpu_percent,
         cpus=own["cpus"],
@@ -48,4 +58,3 @@ async def sandbox_metrics(request: Request) -> Response:
         disk_limit_bytes=own["disk_mb"] * MIB,
         at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
     )
-    return JSONResponse(metrics.model_dump())

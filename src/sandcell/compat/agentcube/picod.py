@@ -80,7 +80,7 @@ async def execute(request: Request, record: SandboxRecord, _: str) -> Response:
     started = datetime.now(UTC)
     exec_body = json.dumps(body).encode()
     result = await daemon.json_of(
-        await daemon.send(request, record, "POST", "/v1/exec", exec_body, "application/json")
+        request, record, "POST", "/v1/exec", exec_body, "application/json"
     )
     stderr = result["stderr"]
     if result.get("timed_out"):  # PicoD's words, which agentcube users may match on
@@ -107,9 +107,7 @@ async def upload(request: Request, record: SandboxRecord, _: str) -> Response:
         req = parse_model(UploadRequest, await read_body(request, MAX_UPLOAD_BODY))
         path, data = req.path, _base64(req.content)
     target = _file_target(path)
-    entry = await daemon.json_of(
-        await daemon.send(request, record, "PUT", target, data, "application/octet-stream")
-    )
+    entry = await daemon.json_of(request, record, "PUT", target, data, "application/octet-stream")
     return JSONResponse(_file_info(entry))
 
 
@@ -143,7 +141,7 @@ async def list_files(request: Request, record: SandboxRecord, _: str) -> Respons
     if not path:
         raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' query parameter")
     target = f"/v1/files/list?path={quote(path, safe='')}&depth=1"
-    listing = await daemon.json_of(await daemon.send(request, record, "GET", target))
+    listing = await daemon.json_of(request, record, "GET", target)
     files = [
         {
             "name": e["name"],
@@ -162,7 +160,7 @@ async def download(request: Request, record: SandboxRecord, path: str) -> Respon
     remote = path.removeprefix("api/files/").lstrip("/")
     if not remote:
         raise SandcellError(ErrorCode.BAD_REQUEST, "missing file path")
-    return await daemon.send(request, record, "GET", _file_target(remote))
+    return await daemon.relayed(request, record, "GET", _file_target(remote))
 
 
 async def health(request: Request, record: SandboxRecord, _: str) -> Response:

@@ -15,6 +15,7 @@ from sandcell.compat.agentcube.sessions import (
     session_sandbox,
 )
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.hop import check_path
 from sandcell.http.openapi import Operation
 from sandcell.store import SandboxRecord
 
@@ -40,8 +41,7 @@ async def invoke(request: Request) -> Response:
     session first (with the API key), whose id comes back in the same header."""
     namespace, name = request.path_params["namespace"], request.path_params["name"]
     path = request.path_params["path"]
-    if any(segment in (".", "..") for segment in path.split("/")):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
+    check_path(path)
     handler = _picod_handler(request.method, path)
     session_id = request.headers.get(SESSION_HEADER, "").strip()
     if session_id:

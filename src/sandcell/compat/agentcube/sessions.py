@@ -20,6 +20,7 @@ from starlette.requests import Request
 
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.router.auth import Principal
+from sandcell.router.core import GONE
 from sandcell.store import SandboxRecord
 
 SESSION_KEY_NAME = "agentcube-session-key"
@@ -74,9 +75,11 @@ async def session_sandbox(
     record = await router.store.get_sandbox(sandbox_id) if sandbox_id else None
     if record is not None and principal is not None and not principal.owns(record.owner):
         record = None
-    if record is None:
+    if record is not None and record.state in GONE:
+        record = None
+    # A session id is its key's credential: it dies when the key is revoked.
+    if record is None or not await router.owner_active(record):
         raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, "no such agentcube session")
-    router.hold(request.scope, record.owner)  # the owner's limits bound a keyless call too
-    if record.state != "running":
-        raise SandcellError(ErrorCode.CONFLICT, f"the session's sandbox is {record.state}")
+    # The owner's limits bound a keyless call too; a paused sandbox wakes as on /v1.
+    router.door.admit(request.scope, record.owner)
     return record

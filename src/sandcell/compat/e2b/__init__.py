@@ -73,5 +73,5 @@ class E2bFacade:
 
 def mount(app: Starlette) -> None:
     """Serves the façade under /e2b of `app`, the router's own app (`app.state.router`)."""
-    facade = E2bFacade(Gateway(app, app.state.router))
+    facade = E2bFacade(Gateway(app.state.router))
     app.router.routes.append(Mount(PREFIX, app=facade))

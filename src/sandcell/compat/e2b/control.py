@@ -1,5 +1,5 @@
 """E2B's control API (`E2B_API_URL`): sandboxes created, listed, killed and kept alive by
-sandcell's own router handlers, run in-process with the caller's key (`X-API-KEY`)."""
+the router's own operations, for the principal of the caller's key (`X-API-KEY`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from starlette.responses import JSONResponse, Response
 from sandcell.compat.e2b import tokens
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import parse_model
 from sandcell.manager.templates import Template
-from sandcell.router import app as router_app
-from sandcell.router import persistence
-from sandcell.router.usage import sandbox_metrics
+from sandcell.router import persistence, schemas
+from sandcell.router.auth import Principal
+from sandcell.router.usage import metrics_of
+from sandcell.store import SandboxRecord
 
 ENVD_VERSION = "0.5.7"
 CLIENT_ID = "sandcell"
@@ -99,27 +100,22 @@ def sandcell_key(api_key: str) -> str:
 
 
 class Control:
+    """Each call is the router's own operation for the principal of `X-API-KEY`: the same
+    checks, limits and ownership as `/v1`, called directly (no request is made up)."""
+
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.router = gateway.router
 
-    async def _call(
-        self,
-        outer: Request,
-        handler: Any,
-        method: str,
-        path: str,
-        body: Any = None,
-        sandbox_id: str | None = None,
-    ) -> Response:
-        params = {"sandbox_id": sandbox_id} if sandbox_id else None
-        data = b"" if body is None else json.dumps(body).encode()
-        key = sandcell_key(outer.headers.get("x-api-key", ""))
-        client = outer.client.host if outer.client else "unknown"
-        return await self.gateway.control(
-            handler, key, client, method, path, body=data, path_params=params
-        )
+    async def _principal(self, request: Request) -> Principal:
+        key = sandcell_key(request.headers.get("x-api-key", ""))
+        return await self.router.principal(request, key)
+
+    async def _owned(self, request: Request, sandbox_id: str) -> SandboxRecord:
+        return await self.router.sandbox_of(await self._principal(request), sandbox_id)
 
     async def create(self, request: Request) -> Response:
+        principal = await self._principal(request)
         body = await json_body(request, MAX_BODY)
         template = _template(body.get("templateID"))
         create = {
@@ -129,68 +125,57 @@ class Control:
         }
         if (timeout := _timeout(body)) is not None:
             create["idle_timeout_s"] = timeout
-        response = await self._call(
-            request, router_app.create_sandbox, "POST", "/v1/sandboxes", create
-        )
-        sandbox = await read_json(response)
+        req = parse_model(schemas.CreateSandbox, json.dumps(create).encode())
+        sandbox = schemas.sandbox_view(await self.router.create(principal, req))
         return JSONResponse(
             await _created(self.gateway, sandbox, body.get("templateID") or "base"), 201
         )
 
-    async def get(self, request: Request, sandbox_id: str) -> dict[str, Any]:
-        path = f"/v1/sandboxes/{sandbox_id}"
-        response = await self._call(
-            request, router_app.get_sandbox, "GET", path, sandbox_id=sandbox_id
-        )
-        return await read_json(response)
-
-    def _view(self, sandbox: dict[str, Any]) -> dict[str, Any]:
-        templates = self.gateway.router.manager.templates
+    def _view(self, record: SandboxRecord) -> dict[str, Any]:
+        templates = self.router.manager.templates
+        sandbox = schemas.sandbox_view(record)
         return _detail(sandbox, templates.get(sandbox["template"], Template()))
 
     async def describe(self, request: Request, sandbox_id: str) -> Response:
-        return JSONResponse(self._view(await self.get(request, sandbox_id)))
+        return JSONResponse(self._view(await self._owned(request, sandbox_id)))
 
     async def list(self, request: Request) -> Response:
-        response = await self._call(request, router_app.list_sandboxes, "GET", "/v1/sandboxes")
-        listed = await read_json(response)
-        rows = [self._view(s) for s in listed["sandboxes"]]
+        principal = await self._principal(request)
+        records = await self.router.store.list_sandboxes(
+            None if principal.admin else principal.name
+        )
+        rows = [self._view(r) for r in records if r.state != "deleted"]
         return JSONResponse([r for r in rows if _matches(r, request)])
 
     async def kill(self, request: Request, sandbox_id: str) -> Response:
-        path = f"/v1/sandboxes/{sandbox_id}"
-        await self._call(request, router_app.delete_sandbox, "DELETE", path, sandbox_id=sandbox_id)
+        await self.router.delete(await self._owned(request, sandbox_id))
         return Response(status_code=204)
 
     async def set_timeout(self, request: Request, sandbox_id: str) -> Response:
-        body = {"idle_timeout_s": _timeout(await json_body(request, MAX_BODY))}
-        path = f"/v1/sandboxes/{sandbox_id}/keepalive"
-        await self._call(request, router_app.keepalive, "POST", path, body, sandbox_id)
+        record = await self._owned(request, sandbox_id)
+        await self.router.keepalive(record, _timeout(await json_body(request, MAX_BODY)))
         return Response(status_code=204)
 
     async def connect(self, request: Request, sandbox_id: str) -> Response:
-        body = {"idle_timeout_s": _timeout(await json_body(request, MAX_BODY))}
-        path = f"/v1/sandboxes/{sandbox_id}/keepalive"
-        await self._call(request, router_app.keepalive, "POST", path, body, sandbox_id)
-        sandbox = await self.get(request, sandbox_id)
+        record = await self._owned(request, sandbox_id)
+        timeout = _timeout(await json_body(request, MAX_BODY))
+        sandbox = schemas.sandbox_view(await self.router.keepalive(record, timeout))
         return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 200)
 
     async def metrics(self, request: Request, sandbox_id: str) -> Response:
-        path = f"/v1/sandboxes/{sandbox_id}/metrics"
-        response = await self._call(request, sandbox_metrics, "GET", path, sandbox_id=sandbox_id)
-        m = await read_json(response)
+        m = await metrics_of(self.router, await self._owned(request, sandbox_id))
         return JSONResponse(
             [
                 {
-                    "timestamp": m["at"],
+                    "timestamp": m.at,
                     "timestampUnix": 0,
-                    "cpuCount": int(m.get("cpus") or 1),
-                    "cpuUsedPct": float(m.get("cpu_percent") or 0.0),
-                    "memUsed": int(m.get("memory_bytes") or 0),
-                    "memTotal": int(m.get("memory_limit_bytes") or 0),
+                    "cpuCount": int(m.cpus or 1),
+                    "cpuUsedPct": float(m.cpu_percent or 0.0),
+                    "memUsed": int(m.memory_bytes or 0),
+                    "memTotal": int(m.memory_limit_bytes or 0),
                     "memCache": 0,
-                    "diskUsed": int(m.get("disk_used_bytes") or 0),
-                    "diskTotal": int(m.get("disk_limit_bytes") or 0),
+                    "diskUsed": int(m.disk_used_bytes or 0),
+                    "diskTotal": int(m.disk_limit_bytes or 0),
                 }
             ]
         )
@@ -198,16 +183,13 @@ class Control:
     async def pause(self, request: Request, sandbox_id: str) -> Response:
         """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
         an already paused sandbox is E2B's 409, which its SDK reads as "already paused"."""
-        if (await self.get(request, sandbox_id))["state"] == "paused":
+        record = await self._owned(request, sandbox_id)
+        if record.state == "paused":
             raise SandcellError(ErrorCode.CONFLICT, f"sandbox {sandbox_id} is already paused")
-        path = f"/v1/sandboxes/{sandbox_id}/pause"
-        await self._call(request, persistence.pause, "POST", path, sandbox_id=sandbox_id)
+        await persistence.pause_sandbox(self.router, record)
         return Response(status_code=204)
 
     async def resume(self, request: Request, sandbox_id: str) -> Response:
-        path = f"/v1/sandboxes/{sandbox_id}/resume"
-        response = await self._call(
-            request, persistence.resume, "POST", path, sandbox_id=sandbox_id
-        )
-        sandbox = await read_json(response)
+        record = await self._owned(request, sandbox_id)
+        sandbox = schemas.sandbox_view(await persistence.resume_sandbox(self.router, record))
         return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 201)

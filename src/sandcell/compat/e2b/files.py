@@ -12,7 +12,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
-from sandcell.compat.inprocess import body_chunks, read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body, too_large
 from sandcell.store import SandboxRecord
@@ -25,7 +24,7 @@ MAX_UPLOAD = 32 * 1_048_576
 async def download(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
     path = to_workspace(request.query_params.get("path"))
     response = await gateway.daemon(record, "GET", "files", query={"path": path})
-    return StreamingResponse(body_chunks(response), media_type="application/octet-stream")
+    return StreamingResponse(response.chunks(), media_type="application/octet-stream")
 
 
 def _parts(content_type: str, body: bytes) -> list[tuple[str | None, bytes]]:
@@ -61,7 +60,7 @@ async def _put(
     if not path:
         raise SandcellError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
     query = {"path": to_workspace(path)}
-    entry = await read_json(await gateway.daemon(record, "PUT", "files", body=data, query=query))
+    entry = await gateway.json(record, "PUT", "files", body=data, query=query)
     return {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
 
 

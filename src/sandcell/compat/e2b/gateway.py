@@ -1,39 +1,36 @@
-"""sandcell's own router, called in-process: the one way the façade reaches a sandbox.
+"""The façade's way into sandcell: the router core, the one way it reaches a sandbox.
 
-Control calls run the router's handlers with the caller's API key, so authentication, the
-per-key limits and ownership are the router's own. In-sandbox calls go through the router's
-`DaemonProxy.forward`, so the daemon receives a fresh, signed, single-use request token as for
-any other proxied request. Nothing here talks to a daemon directly.
+Control calls are the router's own operations for the principal of the caller's key
+(see control.py). In-sandbox calls are `Call`s sent through `Router.send`, so the daemon
+receives a fresh, signed, single-use request token as for any other call, and a paused
+sandbox wakes (or answers 409) exactly as on `/v1`. Nothing here talks to a daemon directly.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp
 
-from sandcell.compat.inprocess import body_chunks, daemon_error, read_all, request
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.bodies import declared_length
+from sandcell.router.core import Answer, Call, Router
 from sandcell.store import SandboxRecord
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _line(data: bytes) -> dict[str, Any]:
     try:
         return json.loads(data)
-    except ValueError as exc:  # a stream cut mid-line (the relay truncates on upstream errors)
+    except (ValueError, RecursionError) as exc:  # a stream cut mid-line (a truncated relay)
         raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox's stream was cut") from exc
 
 
-async def ndjson(response: Response) -> AsyncIterator[dict[str, Any]]:
+async def ndjson(answer: Answer) -> AsyncIterator[dict[str, Any]]:
     buffer = b""
-    async for chunk in body_chunks(response):
+    async for chunk in answer.chunks():
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
@@ -44,37 +41,10 @@ async def ndjson(response: Response) -> AsyncIterator[dict[str, Any]]:
 
 
 class Gateway:
-    """Calls into one sandcell router app (its `state.router` is the `Router`)."""
+    """The router core of one sandcell app (its `state.router`)."""
 
-    def __init__(self, app: ASGIApp, router: Any) -> None:
-        self.app = app
+    def __init__(self, router: Router) -> None:
         self.router = router
-
-    async def control(
-        self,
-        handler: Handler,
-        api_key: str,
-        client: str,
-        method: str,
-        path: str,
-        *,
-        body: bytes = b"",
-        path_params: dict[str, str] | None = None,
-    ) -> Response:
-        """Runs a router handler as the holder of `api_key` would call it over HTTP."""
-        req = request(
-            self.app,
-            method,
-            path,
-            body=body,
-            path_params=path_params,
-            headers={"authorization": f"Bearer {api_key}", "content-type": "application/json"},
-            client=client,
-        )
-        try:
-            return await handler(req)
-        finally:
-            self.router.release(req.scope)
 
     async def daemon(
         self,
@@ -83,25 +53,22 @@ class Gateway:
         rest: str,
         *,
         body: bytes | Request = b"",
-        query: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Response:
-        """`method /v1/<rest>` on the sandbox's daemon, signed by the router's proxy; `body`
-        may be the caller's request, whose body then streams through (see `request`)."""
-        if record.state != "running":
-            raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
-        await self.router.store.touch(record.id, time.time())
-        path = f"/v1/sandboxes/{record.id}/{rest}"
-        req = request(
-            self.app,
-            method,
-            path,
-            body=body,
-            query=query,
-            headers=headers,
-            path_params={"sandbox_id": record.id, "rest": rest},
-        )
-        response = await self.router.proxy.forward(req, record, rest)
-        if response.status_code >= 400:
-            raise daemon_error(response.status_code, await read_all(response))
-        return response
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer:
+        """`method /v1/<rest>` on the sandbox's daemon; `body` may be the caller's request,
+        whose body then streams through unbuffered. A daemon's error is raised as the same
+        `SandcellError`."""
+        target = "/v1/" + quote(rest, safe="/") + (f"?{urlencode(query)}" if query else "")
+        fields = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
+        ]
+        if isinstance(body, Request):
+            call = Call(method, target, fields, None, body.stream(), declared_length(body))
+        else:
+            call = Call(method, target, fields, body)
+        return await (await self.router.send(record, call)).raise_for_error()
+
+    async def json(self, record: SandboxRecord, method: str, rest: str, **kwargs: Any) -> Any:
+        """`daemon`'s JSON answer."""
+        return await (await self.daemon(record, method, rest, **kwargs)).json()

@@ -14,7 +14,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
-from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -100,11 +99,11 @@ async def create_context(gateway: Gateway, record: SandboxRecord, request: Reque
     response = await gateway.daemon(
         record, "POST", "code/contexts", body=json.dumps(create).encode()
     )
-    return JSONResponse(_context(await read_json(response)))
+    return JSONResponse(_context(await response.json()))
 
 
 async def list_contexts(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
-    listed = await read_json(await gateway.daemon(record, "GET", "code/contexts"))
+    listed = await gateway.json(record, "GET", "code/contexts")
     return JSONResponse([_context(c) for c in listed["contexts"]])
 
 

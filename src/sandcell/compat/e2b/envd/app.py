@@ -19,6 +19,7 @@ from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body
+from sandcell.router.core import GONE
 from sandcell.store import SandboxRecord
 
 MAX_MESSAGE_BODY = 8 * 1_048_576
@@ -46,12 +47,13 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     if not sandbox_id or not await tokens.check(gateway.router.store, sandbox_id, token):
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
     record = await gateway.router.store.get_sandbox(sandbox_id)
-    if record is None or record.state != "running":
+    if record is None or record.state in GONE:
         raise SandcellError(
             ErrorCode.SANDBOX_UNREACHABLE, f"The sandbox {sandbox_id} was not found"
         )
-    # The sandbox's owner pays for the call, as for its own proxied requests.
-    gateway.router.hold(request.scope, record.owner)
+    # The sandbox's owner pays for the call, as for its own proxied requests; a paused
+    # sandbox wakes on the call (or answers 409) as on /v1.
+    gateway.router.door.admit(request.scope, record.owner)
     return record
 
 
@@ -79,6 +81,8 @@ async def _stream_events(
 async def _serve(gateway: Gateway, request: Request, path: str) -> Response:
     record = await authorised(gateway, request)
     if path == "/health":
+        if record.state != "running":  # E2B's `is_running()`: a paused sandbox is not
+            raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"sandbox {record.id} is paused")
         return Response(status_code=204)
     if request.headers.get("e2b-sandbox-port") == interpreter.PORT and not path.startswith(
         ("/process.", "/filesystem.", "/files")

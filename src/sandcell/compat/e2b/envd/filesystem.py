@@ -9,7 +9,6 @@ from typing import Any
 from sandcell.compat.e2b.envd.connect import integer
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
-from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -42,7 +41,7 @@ def path_of(message: dict[str, Any], field: str = "path") -> str:
 
 
 async def _stat(gateway: Gateway, record: SandboxRecord, path: str) -> dict[str, Any]:
-    return await read_json(await gateway.daemon(record, "GET", "files/stat", query={"path": path}))
+    return await gateway.json(record, "GET", "files/stat", query={"path": path})
 
 
 async def stat_entry(
@@ -63,7 +62,7 @@ async def make_dir(
     else:  # envd's answer for a directory that is there already: make_dir() returns False
         raise SandcellError(ErrorCode.CONFLICT, f"{message['path']} already exists")
     body = json.dumps({"path": path, "parents": True}).encode()
-    entry = await read_json(await gateway.daemon(record, "POST", "files/mkdir", body=body))
+    entry = await gateway.json(record, "POST", "files/mkdir", body=body)
     return {"entry": entry_info(entry)}
 
 
@@ -73,9 +72,7 @@ async def move(gateway: Gateway, record: SandboxRecord, message: dict[str, Any])
         "to": path_of(message, "destination"),
         "overwrite": True,
     }
-    entry = await read_json(
-        await gateway.daemon(record, "POST", "files/move", body=json.dumps(body).encode())
-    )
+    entry = await gateway.json(record, "POST", "files/move", body=json.dumps(body).encode())
     return {"entry": entry_info(entry)}
 
 
@@ -92,7 +89,7 @@ async def list_dir(
 ) -> dict[str, Any]:
     depth = max(1, integer(message.get("depth"), "depth", 1))
     query = {"path": path_of(message), "depth": str(depth)}
-    listed = await read_json(await gateway.daemon(record, "GET", "files/list", query=query))
+    listed = await gateway.json(record, "GET", "files/list", query=query)
     return {"entries": [entry_info(e) for e in listed["entries"]]}
 
 

@@ -11,7 +11,6 @@ from typing import Any
 from sandcell.compat.e2b.envd.connect import integer, obj
 from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import to_workspace
-from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -94,7 +93,7 @@ async def start(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> AsyncIterator[Event]:
     body = json.dumps(start_body(message)).encode()
-    process = await read_json(await gateway.daemon(record, "POST", "processes", body=body))
+    process = await gateway.json(record, "POST", "processes", body=body)
     yield {"event": {"start": {"pid": process["pid"]}}}
     async for event in _events(gateway, record, process["pid"]):
         yield event
@@ -105,7 +104,7 @@ async def resolve_pid(gateway: Gateway, record: SandboxRecord, selector: dict[st
     if "pid" in selector:
         return integer(selector["pid"], "pid")
     tag = selector.get("tag")
-    listed = await read_json(await gateway.daemon(record, "GET", "processes"))
+    listed = await gateway.json(record, "GET", "processes")
     for process in listed["processes"]:
         if tag is not None and process.get("tag") == tag and process["state"] == "running":
             return int(process["pid"])
@@ -136,7 +135,7 @@ def _info(process: dict[str, Any]) -> dict[str, Any]:
 async def list_processes(
     gateway: Gateway, record: SandboxRecord, _: dict[str, Any]
 ) -> dict[str, Any]:
-    listed = await read_json(await gateway.daemon(record, "GET", "processes"))
+    listed = await gateway.json(record, "GET", "processes")
     running = [p for p in listed["processes"] if p["state"] == "running"]
     return {"processes": [_info(p) for p in running]}
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from sandcell.compat.e2b.envd.filesystem import entry_info, path_of
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.compat.inprocess import read_json
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.store import SandboxRecord
 
@@ -32,7 +31,7 @@ async def _snapshot(
     gateway: Gateway, record: SandboxRecord, path: str, recursive: bool
 ) -> Snapshot:
     query = {"path": path, "depth": str(RECURSIVE_DEPTH if recursive else 1)}
-    listed = await read_json(await gateway.daemon(record, "GET", "files/list", query=query))
+    listed = await gateway.json(record, "GET", "files/list", query=query)
     return {entry["path"]: entry for entry in listed["entries"]}
 
 

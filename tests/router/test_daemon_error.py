@@ -1,5 +1,5 @@
-"""The façades' shared plumbing: a daemon's error comes back as the same error, and an
-answer that is not a SPEC §1 error is the sandbox's fault, never a router INTERNAL."""
+"""The core's one mapping of a daemon's error answer: a SPEC §1 error comes back as the same
+error, and an answer that is not one is the sandbox's fault, never a router INTERNAL."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sandcell.compat.inprocess import daemon_error
 from sandcell.errors import ErrorCode
+from sandcell.router.core import daemon_error
 
 
 def test_a_spec_error_keeps_its_code_message_and_details() -> None:

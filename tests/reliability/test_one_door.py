@@ -1,0 +1,260 @@
+"""Every entry point holds its slot, bytes and sessions at the one door (SPEC §5).
+
+Each test performs an attack of the third wave's review against a real `sandcell serve`:
+WebSocket upgrades that never gave their in-flight slot back, preview URLs whose bodies no
+budget paid for and whose stalled requests took every slot, anonymous preview WebSockets
+without bound. Loops are bounded in count and time; each test then checks that the attacker
+is refused in the spec's error shape and that everyone else is still served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from network.test_egress_e2e import WS_ECHO
+from reliability.harness import assert_error_shape, config, rss_bytes, servers, wait_for
+from support.server import RunningServer
+
+pytestmark = pytest.mark.slow
+
+MIB = 1024 * 1024
+INFLIGHT_PER_KEY = 8
+ANONYMOUS = 8
+SESSIONS_PER_KEY = 4
+SESSIONS = 12
+BUDGET = 32 * MIB
+BUDGET_PER_KEY = 16 * MIB
+LIMITS = {
+    "max_inflight": 64,
+    "max_inflight_per_key": INFLIGHT_PER_KEY,
+    "max_inflight_anonymous": ANONYMOUS,
+    "max_sessions_per_key": SESSIONS_PER_KEY,
+    "max_sessions": SESSIONS,
+    "body_budget_bytes": BUDGET,
+    "body_budget_per_key_bytes": BUDGET_PER_KEY,
+    "body_timeout_s": 20,
+}
+WS_PORT = 8765
+LISTENING = f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {WS_PORT}))'"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with servers(tmp_path_factory.mktemp("one-door")) as fleet:
+        yield fleet.start("data", config_text=config(**LIMITS))
+
+
+@pytest.fixture(scope="module")
+def keys(server: RunningServer) -> dict[str, str]:
+    return {name: server.create_key(name) for name in ("alice", "bob")}
+
+
+@pytest.fixture(scope="module")
+def sbx(server: RunningServer, keys: dict[str, str]) -> Iterator[str]:
+    """alice's sandbox, serving a WebSocket echo on WS_PORT."""
+    with server.client(keys["alice"]) as c:
+        sandbox = c.post("/v1/sandboxes", json={}).json()["id"]
+        put = c.put(f"/v1/sandboxes/{sandbox}/files?path=ws_echo.py", content=WS_ECHO.encode())
+        assert put.status_code == 200, put.text
+        started = c.post(
+            f"/v1/sandboxes/{sandbox}/processes", json={"command": "exec python3 ws_echo.py"}
+        )
+        assert started.status_code == 201, started.text
+        wait_for(
+            lambda: (
+                c.post(
+                    f"/v1/sandboxes/{sandbox}/exec",
+                    json={
+                        "command": f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {WS_PORT}))'"
+                    },
+                ).json()["exit_code"]
+                == 0
+            ),
+            15,
+            "the WebSocket server in the cell",
+        )
+        yield sandbox
+        c.delete(f"/v1/sandboxes/{sandbox}")
+
+
+@pytest.fixture(scope="module")
+def preview(server: RunningServer, keys: dict[str, str], sbx: str) -> str:
+    """A preview URL's path (`/p/<token>/`) for alice's WebSocket port."""
+    with server.client(keys["alice"]) as c:
+        url = c.post(f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/url").json()["url"]
+    return urlsplit(url).path
+
+
+def _ws_url(server: RunningServer, path: str) -> str:
+    return "ws://" + server.url.removeprefix("http://") + path
+
+
+def _ws(server: RunningServer, path: str, key: str | None = None) -> ClientConnection:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return connect(_ws_url(server, path), additional_headers=headers, open_timeout=10)
+
+
+def _refused(server: RunningServer, path: str, key: str | None = None) -> int:
+    with pytest.raises(InvalidStatus) as refused, _ws(server, path, key):
+        pass
+    return refused.value.response.status_code
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@contextlib.contextmanager
+def _stalled(server: RunningServer, head: bytes, count: int, body: bytes = b"") -> Iterator[list]:
+    """`count` connections that sent `head` (and `body`) and then nothing more."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.create_connection((host, int(port)), 10)
+            s.sendall(head + body)
+            held.append(s)
+        yield held
+    finally:
+        for s in held:
+            s.close()
+
+
+def _answer_now(s: socket.socket, timeout_s: float = 0.5) -> bytes:
+    """What the server answered on `s` already (b"" if it is still waiting)."""
+    s.settimeout(timeout_s)
+    try:
+        return s.recv(65536)
+    except TimeoutError:
+        return b""
+
+
+def test_websocket_upgrades_give_their_slot_back(
+    server: RunningServer, keys: dict[str, str], sbx: str
+) -> None:
+    """Hole 1: each upgrade (port relay, process attach) held one of the key's in-flight
+    slots for ever; after the key's share of upgrades, everything it sent was a 429."""
+    key = keys["alice"]
+    with server.client(key) as c:
+        pid = c.post(f"/v1/sandboxes/{sbx}/processes", json={"command": "sleep 600"}).json()["pid"]
+        for _ in range(3 * INFLIGHT_PER_KEY):
+            with _ws(server, f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/echo", key) as ws:
+                ws.send("hi")
+                assert ws.recv(10) == "echo /echo hi"
+            with _ws(server, f"/v1/sandboxes/{sbx}/processes/{pid}/ws", key):
+                pass
+        assert c.get("/v1/sandboxes").status_code == 200
+        exec_reply = c.post(f"/v1/sandboxes/{sbx}/exec", json={"command": "true"})
+        assert exec_reply.status_code == 200, exec_reply.text
+        c.delete(f"/v1/sandboxes/{sbx}/processes/{pid}")
+
+
+def test_a_keys_websocket_sessions_are_bounded_and_given_back(
+    server: RunningServer, keys: dict[str, str], sbx: str
+) -> None:
+    key = keys["alice"]
+    path = f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/x"
+    with contextlib.ExitStack() as stack:
+        for _ in range(SESSIONS_PER_KEY):
+            stack.enter_context(_ws(server, path, key))
+        assert _refused(server, path, key) == 429
+        with server.client(key) as c:  # sessions are not in-flight slots
+            assert c.get("/v1/sandboxes").status_code == 200
+    with _ws(server, path, key) as ws:  # closed sessions were given back
+        ws.send("again")
+        assert ws.recv(10) == "echo /x again"
+
+
+def test_anonymous_preview_websockets_are_bounded(
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str
+) -> None:
+    """Hole 4: preview WebSockets (no key) had no bound: 500 of them exhausted the router's
+    descriptors. Now a sandbox's visitors hold at most their share of the sessions, and all
+    of them together at most half; the owner's own sessions stay available."""
+    before = _descriptors(server.proc.pid)
+    refused = []
+    with contextlib.ExitStack() as stack:
+        for _ in range(SESSIONS):
+            try:
+                stack.enter_context(_ws(server, preview + "room"))
+            except InvalidStatus as exc:
+                refused.append(exc.response.status_code)
+        held = SESSIONS - len(refused)
+        assert held == SESSIONS_PER_KEY, (held, refused)
+        assert set(refused) == {429}
+        assert _descriptors(server.proc.pid) - before <= 2 * held + 8
+        with _ws(server, f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/own", keys["alice"]) as ws:
+            ws.send("mine")
+            assert ws.recv(10) == "echo /own mine"
+        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+def test_preview_bodies_are_paid_from_a_byte_budget(
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str
+) -> None:
+    """Hole 2: unfinished 8 MiB POSTs to a preview URL were read into memory without any
+    budget (32 of them grew the router by ~260 MiB)."""
+    rss = rss_bytes(server.proc.pid)
+    head = (
+        f"POST {preview}upload HTTP/1.1\r\nHost: x\r\ncontent-length: {8 * MIB}\r\n\r\n"
+    ).encode()
+    with _stalled(server, head, 12, b"x" * MIB) as held:
+        answers = [_answer_now(s, 2.0 if i == len(held) - 1 else 0.2) for i, s in enumerate(held)]
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 429")]
+        assert len(refused) >= 12 - BUDGET_PER_KEY // (8 * MIB), answers
+        assert b"RATE_LIMITED" in refused[0]
+        grown = rss_bytes(server.proc.pid) - rss
+        assert grown < BUDGET_PER_KEY + 24 * MIB, grown
+        with server.client(keys["bob"]) as c:  # another key's bodies are still read
+            r = c.post("/v1/sandboxes", content=b"{" + b" " * (2 * MIB) + b"}")
+            assert r.status_code in (201, 413), r.text
+
+
+def test_stalled_preview_requests_leave_slots_for_everyone_else(
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str
+) -> None:
+    """Hole 3: 520 stalled preview POSTs took every in-flight slot: every key's requests
+    and /healthz answered 503. Keyless callers now share a bounded part of the slots."""
+    head = f"POST {preview}slow HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n".encode()
+    with _stalled(server, head, LIMITS["max_inflight"] + 16) as held:
+        answers = [_answer_now(s, 2.0) for s in held[-8:]]
+        assert all(a.startswith((b"HTTP/1.1 429", b"HTTP/1.1 503")) for a in answers), answers
+        assert all(b"preview" in a for a in answers), answers
+        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+        with server.client(keys["bob"]) as c:
+            started = time.monotonic()
+            r = c.get("/v1/sandboxes")
+            assert r.status_code == 200, r.text
+            assert time.monotonic() - started < 2
+        with server.client(keys["alice"]) as c:
+            r = c.post(f"/v1/sandboxes/{sbx}/exec", json={"command": "echo ok"})
+            assert r.status_code == 200 and r.json()["stdout"] == "ok\n", r.text
+
+
+def test_a_refused_websocket_answers_in_the_error_shape(
+    server: RunningServer, keys: dict[str, str], sbx: str
+) -> None:
+    with server.client(keys["bob"]) as c:  # another principal's sandbox: not revealed
+        answer = httpx.get(
+            f"{server.url}/v1/sandboxes/{sbx}/ports/{WS_PORT}/x",
+            headers={
+                "authorization": f"Bearer {keys['bob']}",
+                "connection": "upgrade",
+                "upgrade": "websocket",
+                "sec-websocket-version": "13",
+                "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+            },
+        )
+        assert answer.status_code == 404
+        assert assert_error_shape(answer)["code"] == "SANDBOX_NOT_FOUND"
+        assert c.get("/v1/sandboxes").status_code == 200
