@@ -228,7 +228,42 @@ def test_a_live_policy_change_applies_to_new_connections(client, host_ports):
     assert r.status_code == 200 and r.json()["network"]["allow"] == [f"127.0.0.1:{port}"]
     assert "hello from the host" in run(client, sbx, FETCH + url, **NO_BYPASS)["stdout"]
     assert client.patch(f"/v1/sandboxes/{sbx}/network", json={"egress": "none"}).status_code == 200
-    assert "FAILED 403" in run(client, sbx, FETCH + url, **NO_BYPASS)["stdout"]
+    out = run(client, sbx, FETCH + url, **NO_BYPASS)["stdout"]
+    assert "FAILED" in out and "hello" not in out  # no proxy variables now: no way out
+    client.delete(f"/v1/sandboxes/{sbx}")
+
+
+PROXY_VARS = "printenv HTTP_PROXY HTTPS_PROXY http_proxy https_proxy ALL_PROXY NO_PROXY KEEP"
+CURL = "curl -sS --max-time 10 "
+
+
+def test_a_live_change_from_none_gives_later_commands_the_proxy_variables(client, host_ports):
+    """Hole 13 of issue 26: after a PATCH from `none` the proxies listened, but commands had
+    no proxy variables (they are set in the daemon's default env at create): curl went to the
+    cell's own loopback. Now the manager sends the daemon the new default env, signed."""
+    port = host_ports[0]
+    sbx = create(client, network={"egress": "none"}, env={"KEEP": "kept"})
+    url = f"http://127.0.0.1:{port}/via-curl"
+    before = run(client, sbx, PROXY_VARS)
+    assert before["stdout"] == "kept\n"
+    assert "hello" not in run(client, sbx, CURL + url, **NO_BYPASS)["stdout"]
+    r = client.patch(f"/v1/sandboxes/{sbx}/network", json={"allow": [f"127.0.0.1:{port}"]})
+    assert r.status_code == 200, r.text
+    proxy = "http://127.0.0.1:3128"
+    assert run(client, sbx, PROXY_VARS)["stdout"].split() == [
+        *[proxy] * 4,
+        "socks5h://127.0.0.1:1080",
+        "localhost,127.0.0.1",
+        "kept",
+    ]
+    reached = run(client, sbx, CURL + url, **NO_BYPASS)
+    assert reached["stdout"] == "hello from the host, /via-curl", reached
+    assert client.patch(f"/v1/sandboxes/{sbx}/network", json={"egress": "none"}).status_code == 200
+    assert run(client, sbx, PROXY_VARS)["stdout"] == "kept\n"
+    refused = run(client, sbx, CURL + url, **NO_BYPASS)
+    assert refused["exit_code"] != 0 and "hello" not in refused["stdout"], refused
+    # The daemon's env endpoint is the manager's: the router's relay of /v1 cannot reach it.
+    assert client.put(f"/v1/sandboxes/{sbx}/env", json={"env": {}}).status_code == 404
     client.delete(f"/v1/sandboxes/{sbx}")
 
 

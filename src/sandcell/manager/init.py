@@ -1,8 +1,10 @@
-"""Stage two of a cell's start: hand its daemon the sandbox's session key (SPEC §6)."""
+"""Stage two of a cell's start: hand its daemon the sandbox's session key (SPEC §6); later,
+a new default env for its commands, signed with that key."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from typing import Any
@@ -63,3 +65,21 @@ async def initialize(
                 raise InitFailed(f"init did not succeed within {timeout_s} s: {last}")
             await asyncio.sleep(random.uniform(0, wait))  # noqa: S311 - jitter, not crypto
             backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+async def put_default_env(
+    endpoint: dict[str, Any],
+    sandbox_id: str,
+    session_key: tokens.PrivateKey,
+    env: dict[str, str],
+    timeout_s: float = 10.0,
+) -> None:
+    """Replaces a running daemon's default env (`PUT /env`, a token bound to the body);
+    raises `httpx.HTTPError` when the daemon cannot be reached or refuses."""
+    body = json.dumps({"env": env}).encode()
+    token = tokens.mint_request_token(session_key, sandbox_id, "PUT", "/env", body)
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    transport, base = async_transport(endpoint)
+    async with httpx.AsyncClient(transport=transport, base_url=base, timeout=timeout_s) as client:
+        response = await client.put("/env", content=body, headers=headers)
+    response.raise_for_status()

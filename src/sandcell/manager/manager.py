@@ -11,6 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
+
 from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
 from sandcell.cellapi.health import ProbeInconclusive
@@ -19,12 +21,13 @@ from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.images import TemplateImages
-from sandcell.manager.init import InitFailed, initialize
+from sandcell.manager.init import InitFailed, initialize, put_default_env
 from sandcell.manager.persistence import MOVING, Persistence
 from sandcell.manager.pool import WarmCell, WarmPool
 from sandcell.manager.snapshots import DEFAULT_QUOTA_BYTES, Snapshots
 from sandcell.manager.templates import Template
 from sandcell.network.environment import proxy_env
+from sandcell.network.policy import NetworkPolicy
 from sandcell.store import Reservation, SandboxRecord, SnapshotRecord, Store
 
 log = logging.getLogger("sandcell.manager")
@@ -275,7 +278,26 @@ class Manager:
         policy = self.template(record.template).network_policy(requested)
         if not await self.store.set_network(record.id, policy.public()):
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+        if record.state == "running":  # a paused one gets them from its policy at resume
+            await self._send_proxy_env(record, policy)
         return dataclasses.replace(record, network=policy.public())
+
+    async def _send_proxy_env(self, record: SandboxRecord, policy: NetworkPolicy) -> None:
+        """Later commands get (or lose) the proxy variables of SPEC §11: the daemon's default
+        env is rebuilt as at create, `{**proxy_env(policy), **env}`. The policy is in force
+        at the proxies already; a daemon that cannot be told is a 502 to retry."""
+        pem = await self.store.get_session_key(record.id)
+        if pem is None or not record.endpoint:
+            return
+        env = {**proxy_env(policy), **record.env}
+        try:
+            await put_default_env(record.endpoint, record.id, tokens.load_private_key(pem), env)
+        except httpx.HTTPError as exc:
+            raise SandcellError(
+                ErrorCode.SANDBOX_UNREACHABLE,
+                f"egress {policy.egress!r} is in force, but the sandbox's commands could not be "
+                f"given its proxy variables: {exc}",
+            ) from exc
 
     async def delete_sandbox(self, sandbox_id: str, *, wait: bool = True) -> bool:
         """One deletion per sandbox at a time in this process; a second caller waits and then
