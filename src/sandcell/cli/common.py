@@ -69,7 +69,9 @@ def describe(exc: Any) -> str:
         first = errors[0]
         where = ".".join(str(p) for p in first.get("loc", []))
         message += f" ({where}: {first.get('msg')})" if where else f" ({first.get('msg')})"
-    if exc.code == "UNAUTHENTICATED" and not os.environ.get("SANDCELL_API_KEY"):
+    from sandcell.client.errors import AuthenticationError
+
+    if isinstance(exc, AuthenticationError) and not os.environ.get("SANDCELL_API_KEY"):
         message += " (set SANDCELL_API_KEY or pass --api-key)"
     return f"{exc.code}: {message}"
 

@@ -232,14 +232,10 @@ def _interactive(
     command = _command(cmd) if cmd else None
     options = {"env": _pairs(env, "--env"), "cwd": cwd}
     with reporting(SANDCELL_FAILED):
-        from sandcell.cli.terminal import RemoteGone, interactive
+        from sandcell.cli.terminal import interactive
 
         with connected(sandbox_id, url, api_key) as sbx:
-            try:
-                code = interactive(sbx, command, terminal, **options)
-            except RemoteGone as exc:
-                raise fail(f"SANDBOX_UNREACHABLE: {exc}", SANDCELL_FAILED) from None
-    return code
+            return interactive(sbx, command, terminal, **options)
 
 
 class _Interrupts:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from sandcell.client.errors import error_from_reply
+from sandcell.client.errors import SandboxUnreachableError, error_from_reply
 
 if TYPE_CHECKING:
     from sandcell.client import Sandbox
@@ -35,10 +35,6 @@ READ_CHUNK = 65_536
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_SIZE = (80, 24)
 EOF_KEY = b"\x04"
-
-
-class RemoteGone(Exception):
-    """The attach ended without the process's exit status."""
 
 
 def interactive(
@@ -79,7 +75,7 @@ def _attached(handle: CommandHandleBase) -> Iterator[ClientConnection]:
             answer.status_code, answer.headers, bytes(answer.body or b"")
         ) from None
     except InvalidHandshake as exc:
-        raise RemoteGone(f"the WebSocket upgrade failed: {exc}") from None
+        raise SandboxUnreachableError(f"the WebSocket upgrade failed: {exc}") from None
     with ws:
         yield ws
 
@@ -103,7 +99,9 @@ def _session(
         os.close(wake_r)
         os.close(wake_w)
     if "exit" not in outcome:
-        raise RemoteGone(outcome.get("error", "the connection closed before the command ended"))
+        # The attach ended without the process's exit status.
+        gone = outcome.get("error", "the connection closed before the command ended")
+        raise SandboxUnreachableError(gone)
     return int(outcome["exit"].get("exit_code") or 0)
 
 

@@ -88,13 +88,13 @@ class ConflictError(SandcellError):
 class TemplateNotReadyError(ConflictError):
     """The template's image is not built yet (it may be building: `details["image"]`)."""
 
-    default_code = "TEMPLATE_NOT_READY"
+    default_code = ErrorCode.TEMPLATE_NOT_READY.value
 
 
 class SandboxPausedError(ConflictError):
     """The sandbox is paused and was created with auto_resume off: `resume()` it first."""
 
-    default_code = "SANDBOX_PAUSED"
+    default_code = ErrorCode.SANDBOX_PAUSED.value
 
 
 class AlreadyInitializedError(ConflictError):
