@@ -23,13 +23,14 @@ from typing import Any
 from sandcell.isolation.bwrap import Bind
 from sandcell.isolation.images import debian
 from sandcell.isolation.images.buildcell import BUILD_UID, BuildCells, Step, StepFailed
-from sandcell.isolation.images.spec import ImageSpec, digest
+from sandcell.isolation.images.spec import MIB, ImageSpec, digest
 from sandcell.isolation.images.store import ImageMeta, ImageStore
 
 log = logging.getLogger("sandcell.images")
 IO_DIR = "/.sandcell-build"
 FILES_DIR = "/.sandcell/in"
 WAIT_POLL_S = 0.5
+ERROR_PREFIX = "error: "
 # Copies the staged sources onto their places, inside the image root (its symlinks resolve
 # within the image, never to the host).
 COPY_FILES = (
@@ -104,6 +105,15 @@ class _Planned:
     name: str
     make: Callable[[Path], Step]
     after: Callable[[Path], None] | None = None
+    reports: bool = False  # sandcell's own step: its last `error:` line is the message
+
+    def message(self, failed: StepFailed) -> str:
+        """Why the step failed: for sandcell's own steps, the reason it printed (naming the
+        archive's entry at fault), else how the command ended."""
+        reasons = [line for line in failed.tail if line.startswith(ERROR_PREFIX)]
+        if self.reports and reasons:
+            return reasons[-1].removeprefix(ERROR_PREFIX)
+        return str(failed)
 
 
 class Builder:
@@ -172,7 +182,7 @@ class Builder:
                 try:
                     self.cells.run(step, lambda line: job.emit({"event": "log", "line": line}))
                 except StepFailed as exc:
-                    raise BuildError(planned.name, str(exc), exc.tail) from None
+                    raise BuildError(planned.name, planned.message(exc), exc.tail) from None
                 if planned.after is not None:
                     planned.after(staging)
             env, workdir = _image_config(staging, spec)
@@ -190,7 +200,8 @@ def _plan(spec: ImageSpec, staging: Path) -> list[_Planned]:
         archive = spec.archive.resolve()
         if not archive.is_file():
             raise BuildError("unpack", f"no OCI archive at {archive}")
-        plan.append(_Planned("unpack", lambda s: _unpack(archive, s)))
+        limit = spec.max_unpacked_mb * MIB
+        plan.append(_Planned("unpack", lambda s: _unpack(archive, s, limit), reports=True))
     elif spec.kind == "debian":
         base = debian.id_base()
         finish = functools.partial(debian.finish, owner=BUILD_UID)
@@ -213,10 +224,10 @@ def _plan(spec: ImageSpec, staging: Path) -> list[_Planned]:
     return plan
 
 
-def _unpack(archive: Path, staging: Path) -> Step:
+def _unpack(archive: Path, staging: Path, max_bytes: int) -> Step:
     out = f"{IO_DIR}/out"
     command = ["python", "-s", "-B", "-m", "sandcell.isolation.images.oci"]
-    command += [f"{IO_DIR}/archive", f"{out}/rootfs", f"{out}/config.json"]
+    command += [f"{IO_DIR}/archive", f"{out}/rootfs", f"{out}/config.json", str(max_bytes)]
     binds = [Bind(str(archive), f"{IO_DIR}/archive"), Bind(str(staging), out, writable=True)]
     return Step(command, binds)
 

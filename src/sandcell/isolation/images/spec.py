@@ -2,7 +2,9 @@
 
 The digest covers everything the build reads: the spec itself, the bytes of each file it
 copies in, and the bytes of an OCI archive base. An unchanged spec with unchanged inputs has
-the same digest, so building it again is a no-op.
+the same digest, so building it again is a no-op. `max_unpacked_mb` is left out: a bound
+decides whether a build may finish, not what it makes, so raising it after a refused build
+retries the same image, and adding the setting left every built image's digest as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ BUILD_FORMAT = 1
 _SUITE = re.compile(r"^[a-z][a-z0-9-]{1,30}$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_:=<>!~,\[\]-]*$")
 BaseKind = Literal["host", "debian", "oci-archive"]
+MIB = 1 << 20
+# An OCI archive may unpack to at most this much (a few GiB: large language-runtime images
+# fit, a gzip bomb of a few MiB does not fill the host's disk).
+DEFAULT_MAX_UNPACKED_MB = 4096
+NOT_IN_DIGEST = frozenset({"oci", "max_unpacked_mb"})
 
 
 class ImageSpec(BaseModel):
@@ -36,6 +43,8 @@ class ImageSpec(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     oci: str | None = None  # Kubernetes: the pod's image
+    # The most an `oci-archive:` base may write while unpacking (data, and 4 KiB per entry).
+    max_unpacked_mb: int = Field(DEFAULT_MAX_UNPACKED_MB, ge=1, le=1_048_576)
     context_dir: str = Field(".", exclude=True)
 
     @field_validator("base")
@@ -71,6 +80,8 @@ class ImageSpec(BaseModel):
             raise ValueError("apt, pip, run and files need a base image, not 'host'")
         if self.apt and self.kind != "debian":
             raise ValueError("apt needs a 'debian:<suite>' base")
+        if "max_unpacked_mb" in self.model_fields_set and self.kind != "oci-archive":
+            raise ValueError("max_unpacked_mb bounds an 'oci-archive:' base; this one has none")
         for dest, source in self.files.items():
             _image_path(dest)
             self.source_path(source)
@@ -111,7 +122,7 @@ def digest(spec: ImageSpec) -> str:
     build then fails with the path, and a later fix changes the digest)."""
     inputs: dict[str, Any] = {
         "format": BUILD_FORMAT,
-        "spec": spec.model_dump(mode="json", exclude={"oci"}),
+        "spec": spec.model_dump(mode="json", exclude=set(NOT_IN_DIGEST)),
         "files": {dest: _file_digest(spec.source_path(src)) for dest, src in spec.files.items()},
     }
     if spec.kind == "oci-archive":

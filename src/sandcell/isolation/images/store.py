@@ -195,14 +195,20 @@ def _anchor(rootfs: Path) -> None:
 
 def _seal(rootfs: Path) -> tuple[int, int]:
     """Hands every file to the host's root (build uids are recycled for cells); returns the
-    image's size in bytes and its number of entries."""
+    image's size in bytes and its number of entries. A file's hard links share its data, so
+    its size counts once: a thousand links to one file must not size the image a thousand
+    times over (mkfs.ext4 -d keeps them links)."""
     size, entries, privileged = 0, 1, os.geteuid() == 0
+    linked: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
-            size += st.st_size if stat.S_ISREG(st.st_mode) else 0
             entries += 1
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in linked:
+                size += st.st_size
+                if st.st_nlink > 1:
+                    linked.add((st.st_dev, st.st_ino))
             if privileged:
                 os.lchown(path, 0, 0)
     if privileged:
