@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from sandcell.client import ClientConfig, Sandbox
-from sandcell.daemon import terminal
+from sandcell.daemon.processes import terminal
 from support.server import sandcell_bin
 
 pytestmark = pytest.mark.slow

@@ -158,7 +158,7 @@ def test_commands_are_the_oom_killers_first_choice(client: DaemonClient):
 def test_result_json_is_encoded_piecewise_and_exact():
     import json as _json
 
-    from sandcell.daemon.runner import CappedOutput, CommandResult
+    from sandcell.daemon.exec.runner import CappedOutput, CommandResult
 
     out = CappedOutput(100)
     for piece in (b'a"\\\n', b"\xc3", b"\xa9 ok", b"\xff"):  # an \xc3\xa9 split across chunks

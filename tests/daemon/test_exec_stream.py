@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import pytest
 
-from sandcell.daemon import spawn
-from sandcell.daemon.exec_stream import WRITE_BYTES, exec_stream, output_line
-from sandcell.daemon.runner import MAX_EVENT_CHARS, CommandSpec, Runner
+from sandcell.daemon.exec import spawn
+from sandcell.daemon.exec.runner import MAX_EVENT_CHARS, CommandSpec, Runner
+from sandcell.daemon.exec.stream import WRITE_BYTES, exec_stream, output_line
 from sandcell.http import ndjson
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandcell.daemon.app import OPERATIONS
+from sandcell.daemon.http.app import OPERATIONS
 
 
 def _assert_error(response, status: int, code: str | None = None) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandcell import tokens
-from sandcell.daemon import httpserver
+from sandcell.daemon.http import server as httpserver
 from support.daemons import RunningDaemon
 
 

@@ -16,9 +16,9 @@ from websockets.sync.client import ClientConnection, unix_connect
 
 from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
-from sandcell.daemon import proctable
-from sandcell.daemon.outputlog import Lost, OutputLog
-from sandcell.daemon.runner import Runner
+from sandcell.daemon.exec.runner import Runner
+from sandcell.daemon.processes import table as proctable
+from sandcell.daemon.processes.outputlog import Lost, OutputLog
 from support.daemons import RunningDaemon
 
 

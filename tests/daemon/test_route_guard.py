@@ -16,8 +16,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import unix_connect
 
 from sandcell import tokens
-from sandcell.daemon.app import create_app
 from sandcell.daemon.config import load
+from sandcell.daemon.http.app import create_app
 from support.daemons import RunningDaemon
 
 PUBLIC = {("GET", "/health"), ("HEAD", "/health"), ("POST", "/init"), ("GET", "/openapi.json"),
@@ -113,7 +113,7 @@ def test_every_secured_route_refuses_a_missing_or_foreign_token(
 def test_the_public_routes_are_only_those_three(tmp_path: Path) -> None:
     """Adding a public route is a decision: this list changes with it."""
     http, _ = _app_routes(tmp_path)
-    from sandcell.daemon.app import OPERATIONS
+    from sandcell.daemon.http.app import OPERATIONS
 
     public = {(op.method, op.path) for op in OPERATIONS if not op.secured}
     assert public == {("GET", "/health"), ("POST", "/init"), ("GET", "/openapi.json")}

@@ -40,7 +40,7 @@ print(json.dumps(out))
 # Runs as the daemon would: confines itself, starts the spawner, spawns a sibling and ATTACK.
 DAEMON = """
 import json, os, subprocess, sys, tempfile
-from sandcell.daemon import spawn
+from sandcell.daemon.exec import spawn
 from sandcell.isolation import landlock, seccomp
 
 attack, tgkill = sys.argv[1], sys.argv[2]

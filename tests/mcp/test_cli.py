@@ -17,7 +17,7 @@ def test_bad_http_address_is_a_usage_error():
 
 def test_sdk_cli_and_daemon_do_not_import_mcp():
     code = (
-        "import sys, sandcell, sandcell.cli, sandcell.daemon.app;"
+        "import sys, sandcell, sandcell.cli, sandcell.daemon.http.app;"
         "print([m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

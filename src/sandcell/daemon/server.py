@@ -11,10 +11,10 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from sandcell.daemon import processes, spawn
-from sandcell.daemon.app import create_app
 from sandcell.daemon.config import ConfigError, DaemonConfig, load
-from sandcell.daemon.httpserver import Server
+from sandcell.daemon.exec import spawn, tree
+from sandcell.daemon.http.app import create_app
+from sandcell.daemon.http.server import Server
 
 _PR_SET_DUMPABLE = 4
 # Beside the workspace, what commands may write: scratch space and the usual devices
@@ -60,11 +60,11 @@ def _inherited_listener(fd: int) -> socket.socket:
 
 def harden_self(config: DaemonConfig) -> None:
     """Same-uid commands must not read the daemon's memory; writes stay in the workspace;
-    commands are spawned by a thread confined further (daemon/spawn.py)."""
+    commands are spawned by a thread confined further (daemon/exec/spawn.py)."""
     # Opened first: once not dumpable, /proc/self is root's; under Landlock, read-only.
     oom_score = spawn.OwnOomScore()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    processes.become_subreaper()
+    tree.become_subreaper()
     if not config.landlock:
         spawn.start(oom_score, None)
         return
@@ -82,10 +82,10 @@ def harden_self(config: DaemonConfig) -> None:
     spawn.start(oom_score, confine_commands)
 
 
-async def _reap_orphans_forever(app_runner: processes.OrphanSource) -> None:
+async def _reap_orphans_forever(app_runner: tree.OrphanSource) -> None:
     while True:
         await asyncio.sleep(ORPHAN_REAP_INTERVAL_S)
-        processes.reap_adopted(app_runner.running_pids)
+        tree.reap_adopted(app_runner.running_pids)
 
 
 def serve(config: DaemonConfig) -> None:

@@ -216,7 +216,7 @@ def guard_daemon(daemon_pid: int, spawner_tid: int) -> None:
     scheduling aimed at anyone but the caller.
 
     Landlock's signal scoping keeps commands from signalling the daemon's threads, except the
-    one that spawns them (it shares their domain, daemon/spawn.py): this closes that gap.
+    one that spawns them (it shares their domain, daemon/exec/spawn.py): this closes that gap.
     Signals by pid, by tid, to a process group, through a pidfd, and SIGIO through F_SETOWN
     all name their target by number; ``pidfd_send_signal`` takes a ``/proc/<tid>`` directory
     fd too, which a filter cannot tell apart, so it is unavailable (ENOSYS: callers fall back

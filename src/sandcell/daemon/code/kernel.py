@@ -23,9 +23,9 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from sandcell.daemon import processes
 from sandcell.daemon.code.results import MAX_RESULT_BYTES, Event, RunOutput, error_event
-from sandcell.daemon.spawn import spawn_command
+from sandcell.daemon.exec import tree
+from sandcell.daemon.exec.spawn import spawn_command
 
 READ_CHUNK = 65_536
 MAX_EVENT_LINE = MAX_RESULT_BYTES + READ_CHUNK
@@ -155,7 +155,7 @@ class Kernel:
         if self._pidfd < 0:
             return
         others = self._tracker.running_pids - {self.proc.pid}
-        processes.kill_command_tree(self.proc.pid, others, adopted=False)
+        tree.kill_command_tree(self.proc.pid, others, adopted=False)
         self.proc.wait()
         self._mark_dead()
         loop = asyncio.get_running_loop()

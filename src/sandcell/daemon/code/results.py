@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandcell.daemon.runner import CappedOutput
+from sandcell.daemon.exec.runner import CappedOutput
 from sandcell.http.ndjson import line
 
 MIME_TYPES = (

@@ -10,12 +10,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.cellapi import schemas
 from sandcell.cellapi.environment import validate_env
 from sandcell.daemon.code.results import RunOutput
-from sandcell.daemon.table import Body, DaemonOperation, json_of
+from sandcell.daemon.http.table import Body, DaemonOperation, json_of
 from sandcell.http import ndjson
 from sandcell.http.openapi import Operation
 
 if TYPE_CHECKING:
-    from sandcell.daemon.app import Daemon
+    from sandcell.daemon.http.app import Daemon
 
 NDJSON = "application/x-ndjson"
 MAX_EMPTY_BODY = 4096

@@ -12,15 +12,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.cellapi import processes as schemas
 from sandcell.cellapi.processes import TerminalSize
-from sandcell.daemon.attach import attach
-from sandcell.daemon.outputlog import Chunk, parse_offset
-from sandcell.daemon.proctable import Launch, Process, parse_signal
-from sandcell.daemon.table import Body, DaemonOperation, WebSocketOperation, call_of, json_of
+from sandcell.daemon.http.table import Body, DaemonOperation, WebSocketOperation, call_of, json_of
+from sandcell.daemon.processes.attach import attach
+from sandcell.daemon.processes.outputlog import Chunk, parse_offset
+from sandcell.daemon.processes.table import Launch, Process, parse_signal
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.openapi import Operation, Query
 
 if TYPE_CHECKING:
-    from sandcell.daemon.app import Daemon
+    from sandcell.daemon.http.app import Daemon
 
 MAX_STDIN_BODY = 8 * 1_048_576
 NDJSON = "application/x-ndjson"

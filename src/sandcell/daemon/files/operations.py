@@ -12,7 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sandcell.daemon.workspace import Workspace, fs_error
+from sandcell.daemon.files.workspace import Workspace, fs_error
 from sandcell.errors import ErrorCode, SandcellError
 
 # Downloads are read in the event loop, a MiB at a time (page cache: ~0.2 ms a read): a

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sandcell.daemon import processes, terminal
-from sandcell.daemon.outputlog import OutputLog
-from sandcell.daemon.runner import DRAIN_GRACE_S, Runner, exit_status, wait_exited
-from sandcell.daemon.spawn import spawn_command
+from sandcell.daemon.exec import tree
+from sandcell.daemon.exec.runner import DRAIN_GRACE_S, Runner, exit_status, wait_exited
+from sandcell.daemon.exec.spawn import spawn_command
+from sandcell.daemon.processes import terminal
+from sandcell.daemon.processes.outputlog import OutputLog
 from sandcell.errors import ErrorCode, SandcellError
 
 MAX_RUNNING = 64
@@ -282,7 +283,7 @@ class ProcessTable:
             )
 
     def _kill_tree(self, pid: int) -> None:
-        processes.kill_command_tree(pid, self._runner.running_pids - {pid})
+        tree.kill_command_tree(pid, self._runner.running_pids - {pid})
 
     def _finished(self, process: Process) -> None:
         self._running.pop(process.pid, None)

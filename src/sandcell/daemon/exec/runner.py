@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandcell.daemon import processes
-from sandcell.daemon.pipes import PipeReader
-from sandcell.daemon.spawn import spawn_command
+from sandcell.daemon.exec import tree
+from sandcell.daemon.exec.pipes import PipeReader
+from sandcell.daemon.exec.spawn import spawn_command
 
 DRAIN_GRACE_S = 0.1
 STREAMS = {1: "stdout", 2: "stderr"}
@@ -267,7 +267,7 @@ class Runner:
             if stdin is not None:
                 stdin.close()
             self._running.discard(proc.pid)
-            processes.reap_adopted(self._running)
+            tree.reap_adopted(self._running)
         assert proc.returncode is not None
         return _result(collector, proc.returncode, timed_out, time.monotonic() - started)
 
@@ -283,7 +283,7 @@ class Runner:
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.returncode is None:
-            processes.kill_command_tree(proc.pid, self.running_pids - {proc.pid})
+            tree.kill_command_tree(proc.pid, self.running_pids - {proc.pid})
             proc.wait()
 
 

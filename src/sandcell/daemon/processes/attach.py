@@ -2,7 +2,7 @@
 
 Binary frames in are stdin (or terminal input); binary frames out are output; text frames
 carry JSON control (`resize` in, `exit` out). The upgrade GET carries a request token bound
-to `htm=GET` and its path: without a valid one the route table (daemon/table.py) refuses
+to `htm=GET` and its path: without a valid one the route table (daemon/http/table.py) refuses
 the upgrade with a 401 body before this runs.
 """
 
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sandcell.daemon.outputlog import Chunk, parse_offset
+from sandcell.daemon.processes.outputlog import Chunk, parse_offset
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.errors import error_response
 
 if TYPE_CHECKING:
-    from sandcell.daemon.proctable import Process
+    from sandcell.daemon.processes.table import Process
 
 
 async def attach(websocket: WebSocket) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 
 import msgspec
 
-from sandcell.daemon.runner import CommandSpec, OutputQueue, Runner
+from sandcell.daemon.exec.runner import CommandSpec, OutputQueue, Runner
 from sandcell.http import ndjson
 
 _ENCODER = msgspec.json.Encoder()

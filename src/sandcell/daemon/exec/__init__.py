@@ -1,0 +1,1 @@
+"""Running commands: the confined spawner, one-shot execs, their output pipes, process trees."""
