@@ -216,3 +216,80 @@ async def test_a_tenant_symlink_to_a_host_file_survives_resume_without_a_chown(
         assert client.exec("cat link 2>/dev/null || echo unreadable")["stdout"] == "unreadable\n"
     await manager.delete_sandbox(record.id)
     await manager.stop()
+
+
+async def test_pauses_past_the_keys_paused_bound_are_409_and_keep_running(make_manager):
+    """Four of one key's sandboxes paused at once under a bound of two: two are paused, two
+    refused (409) and still running; another key's pause is not counted against it."""
+    manager = await _started(make_manager)
+    manager.max_paused_per_key = 2
+    records = [await manager.create_sandbox("alice") for _ in range(4)]
+    other = await manager.create_sandbox("bob")
+    outcomes = await asyncio.gather(
+        *(manager.persistence.pause(r.id) for r in records), return_exceptions=True
+    )
+    paused = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(paused) == 2 and len(refused) == 2, outcomes
+    for error in refused:
+        assert isinstance(error, SandcellError) and error.status == 409
+        assert error.code == "CONFLICT" and error.details["max_paused_per_key"] == 2
+        assert (await manager.store.get_sandbox(error.details["sandbox_id"])).state == "running"
+        with await session_client(manager, error.details["sandbox_id"]) as client:
+            assert client.exec("echo alive")["stdout"] == "alive\n"
+    assert (await manager.persistence.pause(other.id)).state == "paused"
+    # A resumed one frees its place; so does a deleted one.
+    await manager.persistence.resume(paused[0].id)
+    assert (await manager.persistence.pause(refused[0].details["sandbox_id"])).state == "paused"
+    with pytest.raises(SandcellError):
+        await manager.persistence.pause(refused[1].details["sandbox_id"])
+    await manager.delete_sandbox(paused[1].id)
+    assert (await manager.persistence.pause(refused[1].details["sandbox_id"])).state == "paused"
+    for record in [*records, other]:
+        await manager.delete_sandbox(record.id)
+    await manager.stop()
+
+
+async def test_on_timeout_pause_past_the_bound_deletes_at_the_timeout(make_manager, tmp_path):
+    """Its deadline bounds what runs and the paused bound what is kept: neither gives way,
+    so a sandbox that cannot be paused at its timeout is deleted, workspace and all."""
+    manager = await _started(make_manager)
+    manager.max_paused_per_key = 1
+    first = await manager.create_sandbox("alice", on_timeout="pause")
+    second = await manager.create_sandbox("alice", on_timeout="pause")
+    await manager.persistence.pause(first.id)
+    reaped = await manager.reap_once(now=time.time() + 10_000)
+    assert reaped == [second.id]
+    assert await manager.store.get_sandbox(second.id) is None
+    assert not Path(manager.backend.workspace_home(second.id)).exists()
+    assert (await manager.store.get_sandbox(first.id)).state == "paused"
+    assert _cell_dirs(tmp_path) == []
+    await manager.delete_sandbox(first.id)
+    await manager.stop()
+
+
+async def test_a_paused_image_holds_only_what_its_files_do(make_manager, tmp_path):
+    """A 1 GiB workspace with 1 MB of files, after 200 MB were written and deleted: paused,
+    its image is still 1 GiB long but holds a few MiB (the freed blocks given back, nothing
+    densified); so do a snapshot of it and a sandbox started from that snapshot, paused."""
+    manager = await _started(make_manager, default={"disk_mb": 1024})
+    record = await manager.create_sandbox("alice")
+    with await session_client(manager, record.id) as client:
+        script = "head -c 1000000 /dev/urandom > kept; head -c 200000000 /dev/urandom > gone"
+        client.exec(f"{script}; sync; rm gone", timeout_s=60)
+    paused = await manager.persistence.pause(record.id)
+    image = os.stat(paused.workspace)
+    assert image.st_size == 1024 * 1024 * 1024
+    assert image.st_blocks * 512 < 8 * 1024 * 1024, image.st_blocks
+    snap = await manager.snapshots.take("alice", record.id)
+    assert os.stat(snap.path).st_blocks * 512 < 8 * 1024 * 1024
+    assert snap.size_bytes < 8 * 1024 * 1024
+    child = await manager.create_sandbox("alice", snapshot=snap)
+    with await session_client(manager, child.id) as client:
+        assert client.exec("wc -c < kept")["stdout"] == "1000000\n"
+    child_paused = await manager.persistence.pause(child.id)
+    assert os.stat(child_paused.workspace).st_blocks * 512 < 8 * 1024 * 1024
+    await manager.snapshots.delete(snap)
+    for sandbox in (record, child):
+        await manager.delete_sandbox(sandbox.id)
+    await manager.stop()

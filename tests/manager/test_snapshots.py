@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from sandcell.manager.manager import Manager
 from support.sessions import session_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+MIB = 1024 * 1024
 
 
 async def _run(manager: Manager, sandbox_id: str, command: str) -> str:
@@ -69,6 +71,63 @@ async def test_over_quota_is_413_before_any_copy(make_manager, tmp_path, store, 
     await manager.stop()
 
 
+async def test_concurrent_snapshots_never_hold_more_than_the_quota(make_manager, tmp_path):
+    """Four snapshots at once of four ~20 MiB workspaces under a 64 MiB quota: before the
+    bytes were reserved, all four passed the check and 76.5 MiB were held."""
+    manager = await make_manager()
+    manager.snapshots.quota_bytes = quota = 64 * MIB
+    await manager.start()
+    records = [await manager.create_sandbox("alice") for _ in range(4)]
+    for record in records:
+        await _run(manager, record.id, "head -c 20000000 /dev/urandom > big")
+    taken = await asyncio.gather(
+        *(manager.snapshots.take("alice", r.id) for r in records), return_exceptions=True
+    )
+    made = [t for t in taken if not isinstance(t, BaseException)]
+    refused = [t for t in taken if isinstance(t, BaseException)]
+    size = max(s.size_bytes for s in made)
+    assert len(made) == quota // size == 3, taken
+    assert all(isinstance(e, SandcellError) and e.status == 413 for e in refused), refused
+    held = sum(s.size_bytes for s in await manager.store.list_snapshots("alice"))
+    assert held <= quota and await manager.store.snapshot_bytes_held("alice") == held
+    assert _snapshot_files(tmp_path) == sorted(s.id for s in made)  # no copy of the refused
+    for snap in made:
+        await manager.snapshots.delete(snap)
+    assert await manager.store.snapshot_bytes_held("alice") == 0
+    for record in records:
+        await manager.delete_sandbox(record.id)
+    await manager.stop()
+
+
+async def test_a_workspace_grown_while_measured_is_settled_against_the_quota(
+    make_manager, tmp_path
+):
+    """The tenant writes between the measurement (what is reserved) and the frozen copy:
+    the copy's real size is what counts, and past the quota it is dropped with the 413."""
+    manager = await make_manager()
+    manager.snapshots.quota_bytes = 16 * MIB
+    await manager.start()
+    record = await manager.create_sandbox("alice")
+    await _run(manager, record.id, "head -c 1000000 /dev/urandom > small")
+    measure = manager.backend.workspace_bytes
+
+    async def measured_then_grown(cell, home):
+        size = await measure(cell, home)
+        await _run(manager, record.id, "head -c 20000000 /dev/urandom > grown")
+        return size
+
+    manager.backend.workspace_bytes = measured_then_grown
+    with pytest.raises(SandcellError) as info:
+        await manager.snapshots.take("alice", record.id)
+    assert info.value.status == 413 and info.value.details["size_bytes"] > 20_000_000
+    assert _snapshot_files(tmp_path) == [] and await manager.store.list_snapshots() == []
+    assert await manager.store.snapshot_bytes_held("alice") == 0  # given back
+    assert (await manager.store.get_sandbox(record.id)).state == "running"
+    assert await _run(manager, record.id, "echo alive") == "alive\n"  # thawed
+    await manager.delete_sandbox(record.id)
+    await manager.stop()
+
+
 async def test_disk_full_during_a_snapshot_fails_cleanly(make_manager, tmp_path):
     folder = tmp_path / "snapshots"
     folder.mkdir()
@@ -82,6 +141,7 @@ async def test_disk_full_during_a_snapshot_fails_cleanly(make_manager, tmp_path)
             await manager.snapshots.take("alice", record.id)
         assert info.value.status == 503
         assert _snapshot_files(tmp_path) == [] and await manager.store.list_snapshots() == []
+        assert await manager.store.snapshot_bytes_held("alice") == 0  # given back
         assert await _run(manager, record.id, "echo alive") == "alive\n"  # thawed
         await manager.delete_sandbox(record.id)
         await manager.stop()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import redis
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sandcell.store import SandboxRecord
+from sandcell.store import SandboxRecord, Sealer, Store, open_store
 
+T = TypeVar("T")
 T0 = 1_000_000.0  # a fixed "now" for records, so deadlines are exact numbers in assertions
 
 
@@ -98,3 +102,32 @@ class RedisRaw:
             elif kind == b"zset":
                 chunks += self.client.zrange(key, 0, -1)
         return b"\0".join(chunks)
+
+
+def race(
+    store_url: str, sealer: Sealer, replicas: int, step: Callable[[Store, int], Awaitable[T]]
+) -> list[T]:
+    """Runs `step` in `replicas` replicas (own thread, loop and connection each) at once."""
+    barrier = threading.Barrier(replicas, timeout=10)
+    results: list[Any] = [None] * replicas
+
+    async def replica(i: int) -> T:
+        async with open_store(store_url, sealer) as store:
+            await store.ping()
+            barrier.wait()  # blocks this replica's own loop only
+            return await step(store, i)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = asyncio.run(replica(i))
+        except BaseException as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(replicas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    return results

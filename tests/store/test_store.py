@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import pytest
 
@@ -25,9 +22,9 @@ from sandcell.store import (
 from sandcell.store import base as store_base
 
 from .helpers import T0, Raw, make_sandbox, new_pem
+from .helpers import race as _race
 
 pytestmark = pytest.mark.anyio
-T = TypeVar("T")
 
 
 def _api_key(name: str, principal: str = "alice", admin: bool = False) -> ApiKeyRecord:
@@ -201,35 +198,6 @@ async def test_secrets_are_sealed_and_first_writer_wins(store: Store, raw: Raw) 
     assert await store.put_secret_if_absent("bootstrap", b"second") == b"first-secret-value"
     assert await store.get_secret("bootstrap") == b"first-secret-value"
     assert b"first-secret-value" not in raw.dump()
-
-
-def _race(
-    store_url: str, sealer: Sealer, replicas: int, step: Callable[[Store, int], Awaitable[T]]
-) -> list[T]:
-    """Runs `step` in `replicas` replicas (own thread, loop and connection each) at once."""
-    barrier = threading.Barrier(replicas, timeout=10)
-    results: list[Any] = [None] * replicas
-
-    async def replica(i: int) -> T:
-        async with open_store(store_url, sealer) as store:
-            await store.ping()
-            barrier.wait()  # blocks this replica's own loop only
-            return await step(store, i)
-
-    def run(i: int) -> None:
-        try:
-            results[i] = asyncio.run(replica(i))
-        except BaseException as e:
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(replicas)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert not errors, errors
-    return results
 
 
 def test_put_secret_if_absent_race_between_replicas(store_url: str, sealer: Sealer) -> None:

@@ -1,4 +1,8 @@
-"""Sandbox lifecycle over a backend and a store: create, claim, init, expire, reconcile."""
+"""Sandbox lifecycle over a backend and a store: create, claim, init and delete.
+
+Provisioning lives here; expiry (`reaper`) and the start-up reconciliation (`reconcile`) are
+apart, each driving the create, pause and delete paths of this module rather than its own.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +19,16 @@ import httpx
 
 from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
-from sandcell.cellapi.health import ProbeInconclusive
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
 from sandcell.manager.images import TemplateImages
 from sandcell.manager.init import InitFailed, initialize, put_default_env
-from sandcell.manager.persistence import MOVING, Persistence
+from sandcell.manager.persistence import Persistence
 from sandcell.manager.pool import WarmCell, WarmPool
+from sandcell.manager.reaper import DEFAULT_REAP_INTERVAL_S, Reaper
+from sandcell.manager.reconcile import reconcile
 from sandcell.manager.snapshots import DEFAULT_QUOTA_BYTES, Snapshots
 from sandcell.manager.templates import Template
 from sandcell.network.environment import proxy_env
@@ -34,8 +39,10 @@ log = logging.getLogger("sandcell.manager")
 
 BOOTSTRAP_KEY_NAME = "bootstrap-private-key"
 DEFAULT_INIT_TIMEOUT_S = 10.0
-DEFAULT_REAP_INTERVAL_S = 5.0
-DEAD_AFTER_PROBES = 2
+# Paused sandboxes a key may keep (SPEC §13): each keeps its workspace, up to its whole
+# disk_mb, for its paused TTL, so this times the largest disk_mb bounds what one key can
+# hold on the server's disk without a cell (a sparse image costs only what was written).
+DEFAULT_MAX_PAUSED_PER_KEY = 16
 
 
 def new_sandbox_id() -> str:
@@ -62,6 +69,7 @@ class Manager:
         reap_interval_s: float = DEFAULT_REAP_INTERVAL_S,
         images: TemplateImages | None = None,
         snapshot_quota_bytes: int = DEFAULT_QUOTA_BYTES,
+        max_paused_per_key: int = DEFAULT_MAX_PAUSED_PER_KEY,
     ) -> None:
         self.store = store
         self.images = images or TemplateImages(None)
@@ -70,16 +78,15 @@ class Manager:
         self.bootstrap_key = bootstrap_key
         self.bootstrap_pem = tokens.public_pem(bootstrap_key)
         self.init_timeout_s = init_timeout_s
-        self.reap_interval_s = reap_interval_s
+        self.max_paused_per_key = max_paused_per_key
         self.pools = {
             name: WarmPool(name, t.warm_pool, lambda t=t: self.prepare(t), backend)
             for name, t in templates.items()
         }
         self.init_failures = 0
-        self._reaper: asyncio.Task[None] | None = None
+        self.reaper = Reaper(self, reap_interval_s)
         self._deleting: dict[str, asyncio.Lock] = {}
         self._teardowns: dict[str, asyncio.Task[None]] = {}
-        self._unhealthy: dict[str, int] = {}
         self.persistence = Persistence(self)
         self.snapshots = Snapshots(self, snapshot_quota_bytes)
 
@@ -97,7 +104,7 @@ class Manager:
             log.info("removed %s", counted(len(removed), "unfinished snapshot", "ones"))
         self.images.on_ready(lambda _: self._refill_ready_pools())
         self._refill_ready_pools()  # the others fill once their image is built
-        self._reaper = asyncio.ensure_future(self._reap_forever())
+        self.reaper.start()
 
     def _refill_ready_pools(self) -> None:
         for name, pool in self.pools.items():
@@ -106,10 +113,7 @@ class Manager:
 
     async def stop(self) -> None:
         """Stops background work and empties the pools; live sandboxes keep running."""
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        await self.reaper.stop()
         await self.wait_teardowns()  # a deleted sandbox leaves nothing behind at exit
         drained = sum([await pool.drain() for pool in self.pools.values()])
         log.info(
@@ -122,7 +126,7 @@ class Manager:
         """After `stop`: the ids of the sandboxes this backend runs, which stay running for the
         next start to adopt, or which are deleted first with `delete_sandboxes`."""
         if delete_sandboxes:
-            await self._retry_teardowns(await self.store.list_sandboxes())
+            await self.retry_teardowns(await self.store.list_sandboxes())
         records = [r for r in await self.store.list_sandboxes() if self.backend.owns(r.cell)]
         if delete_sandboxes:
             for record in records:
@@ -333,7 +337,7 @@ class Manager:
         """The sandbox's teardown, once per sandbox at a time; `stop` waits for it."""
         task = self._teardowns.get(record.id)
         if task is None:
-            task = asyncio.ensure_future(self._forget(record, record.cell))
+            task = asyncio.ensure_future(self.forget(record, record.cell))
             self._teardowns[record.id] = task
             task.add_done_callback(lambda t: self._torn_down(record.id, t))
         return task
@@ -343,7 +347,7 @@ class Manager:
         if not task.cancelled() and task.exception() is not None:
             log.warning("sandbox %s: teardown failed: %r", sandbox_id, task.exception())
 
-    async def _retry_teardowns(self, records: list[SandboxRecord]) -> list[str]:
+    async def retry_teardowns(self, records: list[SandboxRecord]) -> list[str]:
         """Deleted sandboxes whose teardown is not under way (it failed, or this process
         restarted meanwhile) are torn down again (a failure is logged by `_torn_down`)."""
         due = [
@@ -363,7 +367,7 @@ class Manager:
         while self._teardowns:
             await asyncio.gather(*self._teardowns.values(), return_exceptions=True)
 
-    async def _forget(self, record: SandboxRecord, cell: dict[str, Any] | None) -> None:
+    async def forget(self, record: SandboxRecord, cell: dict[str, Any] | None) -> None:
         """Everything of a sandbox goes: its cell if any, its kept workspace, its record
         (last: until then a restart finds it and finishes the job)."""
         if cell is not None:
@@ -399,104 +403,19 @@ class Manager:
         await asyncio.gather(*going, return_exceptions=True)
         return [r.id for r in await self.store.list_sandboxes() if r.template == name]
 
-    # -- expiry and reconciliation --------------------------------------------------------
+    # -- expiry and reconciliation (apart: reaper.py, reconcile.py) ------------------------
+
+    @property
+    def reap_interval_s(self) -> float:
+        return self.reaper.interval_s
 
     async def reap_once(self, now: float | None = None) -> list[str]:
-        """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
-        created with on_timeout "pause"; paused ones past their paused TTL and those whose
-        daemon died are deleted."""
-        records = await self.store.list_sandboxes()  # one listing for both passes below
-        retried = await self._retry_teardowns(records)
-        due = await self.store.due_for_reaping(now or time.time(), limit=500)
-        dead = await self._dead_daemons(set(due), records)
-        for sandbox_id in due:
-            await self._expire(sandbox_id)
-        for sandbox_id in dead:
-            await self.delete_sandbox(sandbox_id)
-        return retried + [d for d in due if d not in retried] + dead
-
-    async def _expire(self, sandbox_id: str) -> None:
-        record = await self.store.get_sandbox(sandbox_id)
-        if record is None or record.state in MOVING:
-            return  # gone, or moving: whoever moves it owns it now
-        if record.state == "running" and record.on_timeout == "pause":
-            try:
-                await self.persistence.pause(sandbox_id)
-                return
-            except SandcellError as exc:  # no workspace can be kept here (501): deleted
-                log.warning("sandbox %s could not be paused: %s", sandbox_id, exc.message)
-        await self.delete_sandbox(sandbox_id)
-
-    async def _dead_daemons(self, skip: set[str], records: list[SandboxRecord]) -> list[str]:
-        """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
-        answer under load is not a death)."""
-        dead, seen = [], set()
-        for record in records:
-            if record.id in skip or record.state != "running":
-                continue  # a deletion under way owns it
-            seen.add(record.id)
-            try:
-                healthy = await self.backend.healthy(record.endpoint)
-            except ProbeInconclusive as exc:
-                # Out of descriptors here says nothing of the cells: judge them next pass.
-                log.warning("health probes skipped: %s", exc.message)
-                return dead
-            if healthy:
-                self._unhealthy.pop(record.id, None)
-                continue
-            self._unhealthy[record.id] = self._unhealthy.get(record.id, 0) + 1
-            if self._unhealthy[record.id] >= DEAD_AFTER_PROBES:
-                dead.append(record.id)
-        for gone in set(self._unhealthy) - seen:
-            del self._unhealthy[gone]
-        return dead
-
-    async def _reap_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.reap_interval_s)
-            try:
-                reaped = await self.reap_once()
-            except Exception:
-                log.exception("reaper pass failed")
-                continue
-            if reaped:
-                log.info("reaped %s", counted(len(reaped), "sandbox", "sandboxes"))
+        """One reaper pass (see `Reaper.reap_once`); the ids it reaped."""
+        return await self.reaper.reap_once(now)
 
     async def reconcile(self) -> dict[str, list[str]]:
         """After a restart: adopt live cells that the store knows, clean up the rest."""
-        cells = {_key(h.cell): h for h in await self.backend.list()}
-        adopted, dropped, moving = [], [], []
-        for record in await self.store.list_sandboxes():
-            if not self.backend.owns(record.cell):
-                continue  # another replica's cell: that replica reconciles it
-            if record.state == "snapshotting":  # thawed and back to running or paused
-                record = await self.persistence.settle(record)
-            handle = cells.pop(_key(record.cell), None)
-            if record.state in ("deleting", "deleted"):  # its owner asked for it to go
-                await self._forget(record, None if handle is None else handle.cell)
-                dropped.append(record.id)
-                continue
-            if record.state in ("pausing", "resuming"):
-                moving.append(record)  # settled once the orphan cells are gone
-            if record.state in ("paused", "pausing", "resuming"):
-                continue
-            if handle is not None and await self.backend.healthy(handle.endpoint):
-                await self.backend.adopt(record.id, handle)
-                adopted.append(record.id)
-                continue
-            await self._forget(record, None if handle is None else handle.cell)
-            dropped.append(record.id)
-        # Pool cells, cells whose record never landed, and a resume's new cell: a destroyed
-        # cell that kept a workspace sends it home first.
-        for handle in cells.values():
-            await self.backend.destroy(handle.cell)
-        for record in moving:
-            await self.persistence.settle(record)
-        return {
-            "adopted": adopted,
-            "dropped": dropped,
-            "orphans": [str(_key(h.cell)) for h in cells.values()],
-        }
+        return await reconcile(self)
 
 
 def _template_of(requested: str, snapshot: SnapshotRecord | None) -> str:
@@ -532,7 +451,3 @@ async def _each_step(*steps: Callable[[], Awaitable[object]]) -> None:
             await step()
         except Exception as exc:  # typically the store being down: told once by its watch
             log.warning("clean-up after a failed create left work for later: %r", exc)
-
-
-def _key(cell: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(cell.items()))

@@ -6,6 +6,12 @@ in two places nor in none: a cell told to keep it (`Backend.keep_workspace`) mov
 home when destroyed, and a resumed cell takes it from there and gives it back the same way.
 So a crash anywhere leaves a record in `pausing` or `resuming` with the workspace either in a
 cell or at home, and `settle` finishes the move: both end `paused`.
+
+A paused sandbox holds no cell but keeps its workspace on the server's disk, up to its whole
+`disk_mb`, for its paused TTL: so each key may keep at most `max_paused_per_key` of them (the
+manager's setting). The store counts and moves in one step (`Store.start_pause`), so pauses
+racing on several replicas cannot overshoot it; a pause past it is a 409 that leaves the
+sandbox running.
 """
 
 from __future__ import annotations
@@ -73,7 +79,10 @@ class Persistence:
                 raise _conflict(record)
             home = self.m.backend.workspace_home(record.id)  # 501 where nothing is kept
             pausing = dataclasses.replace(record, state="pausing", workspace=home)
-            if await self.m.store.transition(pausing, ("running",)):
+            started = await self.m.store.start_pause(pausing, self.m.max_paused_per_key)
+            if started == "full":
+                raise paused_limit(record, self.m.max_paused_per_key)
+            if started == "moved":
                 return await self.settle_pause(pausing)
 
     async def settle_pause(self, record: SandboxRecord) -> SandboxRecord:
@@ -159,6 +168,16 @@ class Persistence:
             paused = dataclasses.replace(record, state="paused")
             await self.m.store.transition(paused, ("resuming",))
         return record
+
+
+def paused_limit(record: SandboxRecord, limit: int) -> SandcellError:
+    """The 409 of a pause past the key's bound: the sandbox goes on running, untouched."""
+    return SandcellError(
+        ErrorCode.CONFLICT,
+        f"this key already keeps {limit} paused sandboxes (the server's max_paused_per_key):"
+        " resume or delete one of them first",
+        {"sandbox_id": record.id, "state": record.state, "max_paused_per_key": limit},
+    )
 
 
 def _conflict(record: SandboxRecord) -> SandcellError:

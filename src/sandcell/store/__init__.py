@@ -1,6 +1,6 @@
 """Persistent state of sandcell: sandboxes, session keys, API keys, manager secrets (SPEC §7)."""
 
-from .base import ApiKeyExistsError, Reservation, Store
+from .base import ApiKeyExistsError, ByteReservation, Reservation, Store
 from .crypto import (
     Sealer,
     StoreCryptoError,
@@ -15,6 +15,7 @@ __all__ = [
     "STATES",
     "ApiKeyExistsError",
     "ApiKeyRecord",
+    "ByteReservation",
     "Reservation",
     "SandboxRecord",
     "Sealer",

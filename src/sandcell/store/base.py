@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from .crypto import Sealer
 from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State
@@ -19,6 +19,12 @@ SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed sess
 # How long a slot held for a create in flight counts without its sandbox: far longer than any
 # create takes, and the bound on what a process that died mid-create keeps from its owner.
 RESERVATION_LEASE_S = 600.0
+# The same for snapshot bytes held by a copy in flight: a copy of a large workspace on a slow
+# disk may take many minutes, and a lease that ran out mid-copy would stop counting the bytes.
+SNAPSHOT_LEASE_S = 3600.0
+# What `start_pause` did: moved the sandbox to "pausing"; lost it to another caller (it is no
+# longer "running"); or refused, the owner keeping its limit of paused workspaces already.
+PauseStart = Literal["moved", "lost", "full"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,25 @@ class Reservation:
     def new(cls, owner: str, now: float | None = None) -> Reservation:
         start = time.time() if now is None else now
         return cls(owner, f"reserved-{secrets.token_hex(8)}", start + RESERVATION_LEASE_S)
+
+
+@dataclass(frozen=True)
+class ByteReservation:
+    """Snapshot bytes of an owner's quota, held by a copy in flight (`reserve_snapshot_bytes`)."""
+
+    owner: str
+    token: str
+    size: int
+    until: float
+
+    @classmethod
+    def new(cls, owner: str, size: int, now: float | None = None) -> ByteReservation:
+        start = time.time() if now is None else now
+        return cls(owner, f"reserved-{secrets.token_hex(8)}", size, start + SNAPSHOT_LEASE_S)
+
+    def resized(self, size: int, now: float | None = None) -> ByteReservation:
+        start = time.time() if now is None else now
+        return ByteReservation(self.owner, self.token, size, start + SNAPSHOT_LEASE_S)
 
 
 class ApiKeyExistsError(Exception):
@@ -136,13 +161,58 @@ class Store(ABC):
         out of the same state, exactly one wins (SPEC §13 pause, resume)."""
 
     @abstractmethod
+    async def start_pause(self, rec: SandboxRecord, limit: int) -> PauseStart:
+        """`transition(rec, ("running",))` for a pause (`rec.state` is "pausing"), only while
+        its owner keeps fewer than `limit` workspaces of paused sandboxes (`keeps_workspace`).
+
+        Counting and moving are one atomic step, so concurrent pauses of one owner's sandboxes
+        cannot all pass the check before any of them is counted (the paused bound, SPEC §13).
+        """
+
+    @abstractmethod
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         """Overwrite some stored fields of an existing sandbox; never create one."""
 
     # -- snapshots ---------------------------------------------------------------------------
 
     @abstractmethod
-    async def put_snapshot(self, rec: SnapshotRecord) -> None: ...
+    async def reserve_snapshot_bytes(
+        self, owner: str, size: int, quota: int
+    ) -> ByteReservation | None:
+        """Hold `size` bytes of `owner`'s snapshot `quota` for a copy in flight, or None if
+        its snapshots and the other copies in flight leave no room for them.
+
+        Counting and holding are one atomic step, so concurrent snapshots cannot all pass the
+        check before any of them is counted. A reservation ends when `put_snapshot` consumes
+        it, when `release_snapshot_bytes` drops it, or at its lease's end (a process died).
+        """
+
+    @abstractmethod
+    async def resize_snapshot_reservation(
+        self, reservation: ByteReservation, size: int, quota: int
+    ) -> ByteReservation | None:
+        """The reservation held for `size` bytes instead (the copy's real size, known once it
+        is made), its lease renewed; None, the old one kept, if a larger size does not fit."""
+
+    @abstractmethod
+    async def release_snapshot_bytes(self, reservation: ByteReservation) -> None:
+        """Give the bytes back (a copy failed); a no-op once consumed or expired."""
+
+    @abstractmethod
+    async def snapshot_bytes_held(self, owner: str) -> int:
+        """Bytes of `owner`'s snapshots and of its copies in flight (what the quota counts)."""
+
+    @abstractmethod
+    async def put_snapshot(
+        self, rec: SnapshotRecord, reservation: ByteReservation | None = None
+    ) -> None:
+        """Add a snapshot; with a `reservation` (of the owner, settled to `rec.size_bytes`),
+        the record takes the reserved bytes' place, so they are never counted zero times."""
+
+    async def repair_snapshot_quota(self) -> None:  # noqa: B027 (optional: a default no-op)
+        """After a restart: what the quota counts agrees again with the snapshots listed (a
+        backend that counts apart from the records may have lost a step to a crash). A
+        no-op where the records are what is counted."""
 
     @abstractmethod
     async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None: ...

@@ -32,6 +32,10 @@ STATES: frozenset[str] = frozenset(get_args(State))
 # §13); a deleted one is gone for its owner, its cell's processes are dead and only the
 # cell's teardown is pending (the manager's background teardown, retried by the reaper).
 PARKED_STATES: tuple[str, ...] = ("paused", "deleted")
+# A sandbox in one of these keeps a workspace with no cell on it, or is moving one between a
+# cell and its home: what the per-key bound on paused sandboxes counts (SPEC §13). So does a
+# paused one being snapshotted ("snapshotting" with `paused_at`).
+PAUSED_STATES: tuple[str, ...] = ("pausing", "paused", "resuming")
 
 Flat = dict[str, str | int | float]
 
@@ -131,6 +135,11 @@ class SandboxRecord(_Record):
     @property
     def deadline(self) -> float:
         return deadline_of(self.expires_at, self.last_activity_at, self.idle_timeout_s)
+
+    @property
+    def keeps_workspace(self) -> bool:
+        """Whether it counts against its owner's paused bound (see PAUSED_STATES)."""
+        return self.state in PAUSED_STATES or (self.state == "snapshotting" and self.paused_at > 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:{idx}:idle            zset    id -> last_activity_at + idle_timeout_s (lower bound)
     sandcell:{idx}:owner:<owner>   zset    id -> when the entry was written
     sandcell:quota:{<owner>}       zset    id -> expires_at; reservation token -> its lease's end
+    sandcell:paused:{<owner>}      zset    id of a sandbox that keeps a workspace -> its end
+    sandcell:snapquota:{<owner>}   hash    snapshot id -> bytes; reservation token -> bytes:end
     sandcell:snap:{<id>}           hash    SnapshotRecord.to_flat()
     sandcell:{idx}:snaps           zset    snapshot id -> created_at
     sandcell:apikey:{<key hash>}   hash    ApiKeyRecord.to_flat()
@@ -31,6 +33,15 @@ key, so a script can count and reserve atomically (`reserve_sandbox`) and a reco
 reservation's place in one step. Every entry carries its own end (a sandbox cannot outlive its
 `expires_at`, a reservation its lease), and the reserve script drops ended ones first: an entry
 that a crash left behind stops counting by itself.
+
+The paused set does the same for the per-key bound on paused sandboxes (`start_pause`): a
+paused sandbox's entry ends with its paused TTL, one pausing or resuming with a lease.
+
+The snapshot quota hash counts an owner's snapshot bytes and the bytes held by copies in
+flight, so one script can count and hold atomically (`reserve_snapshot_bytes`). A snapshot's
+entry is written after its record and removed after it, so a crash between leaves the quota
+counting what the records hold or less until the lease ends, or a little more (a deleted
+snapshot's bytes): `repair_snapshot_quota`, run at start, sets both right.
 """
 
 from __future__ import annotations
@@ -42,7 +53,16 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
+from .base import (
+    RESERVATION_LEASE_S,
+    SESSION_KEY_FIELD,
+    ApiKeyExistsError,
+    ByteReservation,
+    FieldValue,
+    PauseStart,
+    Reservation,
+    Store,
+)
 from .crypto import Sealer
 from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, deadline_of
 
@@ -96,6 +116,47 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 return 1
 """
+# ARGV: now, limit, sandbox id, the entry's end. An id counted already stays as it is.
+_PAUSE_SLOT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+return 1
+"""
+# ARGV: now, size, quota, token, the lease's end. Ended reservations are dropped first; the
+# token's own entry (a resize) is not counted against itself. Returns 1 if held, else 0.
+_HOLD_BYTES = """
+local now = tonumber(ARGV[1])
+local held = 0
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  local size, ends = string.match(entries[i + 1], '^(%d+):(.+)$')
+  if ends and tonumber(ends) <= now then
+    redis.call('HDEL', KEYS[1], entries[i])
+  elseif entries[i] ~= ARGV[4] then
+    held = held + tonumber(size or entries[i + 1])
+  end
+end
+if held + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[4], ARGV[2] .. ':' .. ARGV[5])
+return 1
+"""
+_BYTES_HELD = """
+local now = tonumber(ARGV[1])
+local held = 0
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 2, #entries, 2 do
+  local size, ends = string.match(entries[i], '^(%d+):(.+)$')
+  if not ends or tonumber(ends) > now then held = held + tonumber(size or entries[i]) end
+end
+return held
+"""
+_TAKE_BYTES = """
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+return 1
+"""
 
 
 def _sandbox_key(sandbox_id: str) -> str:
@@ -108,6 +169,22 @@ def _owner_index(owner: str) -> str:
 
 def _quota_key(owner: str) -> str:
     return f"sandcell:quota:{{{owner}}}"
+
+
+def _paused_key(owner: str) -> str:
+    return f"sandcell:paused:{{{owner}}}"
+
+
+def _snapshot_quota_key(owner: str) -> str:
+    return f"sandcell:snapquota:{{{owner}}}"
+
+
+def _paused_entry_end(rec: SandboxRecord, now: float) -> float:
+    """A paused sandbox's entry ends with its paused TTL (its `expires_at` then); one moving
+    its workspace gets a lease, as its `expires_at` may be its old lifetime's, past already."""
+    if rec.state == "paused":
+        return rec.expires_at
+    return max(rec.expires_at, now + RESERVATION_LEASE_S)
 
 
 def _snapshot_key(snapshot_id: str) -> str:
@@ -255,6 +332,7 @@ class RedisStore(Store):
             async with self._r.pipeline(transaction=False) as p:
                 p.zrem(_owner_index(owner.decode()), sandbox_id)
                 p.zrem(_quota_key(owner.decode()), sandbox_id)
+                p.zrem(_paused_key(owner.decode()), sandbox_id)
                 await p.execute()
         return deleted == 1
 
@@ -263,8 +341,13 @@ class RedisStore(Store):
         args = (len(expected), *expected, *pairs)
         if not await self._r.eval(_HSET_IF_STATE, 1, _sandbox_key(rec.id), *args):
             return False
-        # The indexes follow the winner; a crash before this leaves a deadline that
-        # due_for_reaping checks against the hash, and a quota entry that ends by itself.
+        await self._follow(rec)
+        return True
+
+    async def _follow(self, rec: SandboxRecord) -> None:
+        """The indexes follow a transition's winner; a crash before this leaves a deadline
+        that due_for_reaping checks against the hash, and quota and paused entries that end
+        by themselves."""
         async with self._r.pipeline(transaction=False) as p:
             p.zadd(EXPIRY_INDEX, {rec.id: rec.expires_at})
             p.zadd(IDLE_INDEX, {rec.id: rec.last_activity_at + rec.idle_timeout_s})
@@ -272,8 +355,27 @@ class RedisStore(Store):
                 p.zrem(_quota_key(rec.owner), rec.id)
             else:
                 p.zadd(_quota_key(rec.owner), {rec.id: rec.expires_at})
+            if rec.keeps_workspace:
+                p.zadd(_paused_key(rec.owner), {rec.id: _paused_entry_end(rec, time.time())})
+            else:
+                p.zrem(_paused_key(rec.owner), rec.id)
             await p.execute()
-        return True
+
+    async def start_pause(self, rec: SandboxRecord, limit: int) -> PauseStart:
+        # The paused set is counted and held first (it is the owner's key, the record is in
+        # another slot); a pause that then loses the record to another caller gives it back.
+        now = time.time()
+        args = (now, limit, rec.id, _paused_entry_end(rec, now))
+        if not await self._r.eval(_PAUSE_SLOT, 1, _paused_key(rec.owner), *args):
+            return "full"
+        pairs = itertools.chain.from_iterable(rec.to_flat().items())
+        if await self._r.eval(_HSET_IF_STATE, 1, _sandbox_key(rec.id), 1, "running", *pairs):
+            await self._follow(rec)
+            return "moved"
+        current = await self.get_sandbox(rec.id)
+        if current is None or not current.keeps_workspace:  # else the winner's entry too
+            await self._r.zrem(_paused_key(rec.owner), rec.id)
+        return "lost"
 
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         return bool(await _hset_if_exists(self._r, _sandbox_key(sandbox_id), fields))
@@ -283,11 +385,59 @@ class RedisStore(Store):
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    async def put_snapshot(self, rec: SnapshotRecord) -> None:
+    async def reserve_snapshot_bytes(
+        self, owner: str, size: int, quota: int
+    ) -> ByteReservation | None:
+        return await self._hold_bytes(ByteReservation.new(owner, size), quota)
+
+    async def resize_snapshot_reservation(
+        self, reservation: ByteReservation, size: int, quota: int
+    ) -> ByteReservation | None:
+        return await self._hold_bytes(reservation.resized(size), quota)
+
+    async def _hold_bytes(self, reservation: ByteReservation, quota: int) -> ByteReservation | None:
+        args = (time.time(), reservation.size, quota, reservation.token, repr(reservation.until))
+        held = await self._r.eval(_HOLD_BYTES, 1, _snapshot_quota_key(reservation.owner), *args)
+        return reservation if held else None
+
+    async def release_snapshot_bytes(self, reservation: ByteReservation) -> None:
+        await self._r.hdel(_snapshot_quota_key(reservation.owner), reservation.token)
+
+    async def snapshot_bytes_held(self, owner: str) -> int:
+        return int(await self._r.eval(_BYTES_HELD, 1, _snapshot_quota_key(owner), time.time()))
+
+    async def put_snapshot(
+        self, rec: SnapshotRecord, reservation: ByteReservation | None = None
+    ) -> None:
         # Hash first, index second: a crash between leaves a snapshot nobody lists, never a
-        # listed one that is not there (the index is what listing and quotas read).
+        # listed one that is not there (the index is what listing reads). The quota entry
+        # last: it counts only a snapshot whose record exists (see repair_snapshot_quota).
         await self._r.hset(_snapshot_key(rec.id), mapping=rec.to_flat())
         await self._r.zadd(SNAPSHOT_INDEX, {rec.id: rec.created_at})
+        token = reservation.token if reservation is not None else ""
+        await self._r.eval(
+            _TAKE_BYTES, 1, _snapshot_quota_key(rec.owner), token, rec.id, rec.size_bytes
+        )
+
+    async def repair_snapshot_quota(self) -> None:
+        """Each owner's quota hash counts exactly its listed snapshots (reservations apart):
+        a crash between a record and its quota entry is the only way they part."""
+        listed: dict[str, dict[str, int]] = {}
+        for record in await self.list_snapshots():
+            listed.setdefault(record.owner, {})[record.id] = record.size_bytes
+        async for key in self._r.scan_iter(match="sandcell:snapquota:*", count=500):
+            owner = key.decode().removeprefix("sandcell:snapquota:{").removesuffix("}")
+            listed.setdefault(owner, {})
+        for owner, sizes in listed.items():
+            key = _snapshot_quota_key(owner)
+            counted = {f.decode() for f in await self._r.hkeys(key)}
+            gone = [f for f in counted if not f.startswith("reserved-") and f not in sizes]
+            async with self._r.pipeline(transaction=False) as p:
+                for snapshot_id, size in sizes.items():
+                    p.hsetnx(key, snapshot_id, size)
+                if gone:
+                    p.hdel(key, *gone)
+                await p.execute()
 
     async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
         values = await self._r.hmget(_snapshot_key(snapshot_id), _SNAP_FIELDS)
@@ -300,10 +450,14 @@ class RedisStore(Store):
         return [r for r in records if r is not None and owner in (None, r.owner)]
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
+        key = _snapshot_key(snapshot_id)
         async with self._r.pipeline(transaction=False) as p:
             p.zrem(SNAPSHOT_INDEX, snapshot_id)
-            p.delete(_snapshot_key(snapshot_id))
-            _, deleted = await p.execute()
+            p.hget(key, "owner")
+            p.delete(key)
+            _, owner, deleted = await p.execute()
+        if owner is not None:  # after the record: a crash between counts too much, not too little
+            await self._r.hdel(_snapshot_quota_key(owner.decode()), snapshot_id)
         return deleted == 1
 
     # -- API keys -----------------------------------------------------------------------------

@@ -18,12 +18,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import SESSION_KEY_FIELD, ApiKeyExistsError, FieldValue, Reservation, Store
+from .base import (
+    SESSION_KEY_FIELD,
+    ApiKeyExistsError,
+    ByteReservation,
+    FieldValue,
+    PauseStart,
+    Reservation,
+    Store,
+)
 from .crypto import Sealer
-from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord
+from .records import PARKED_STATES, PAUSED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord
 
-# Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns.
-SCHEMA_VERSION = 3
+# Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns,
+# 4 `snapshot_reservations`.
+SCHEMA_VERSION = 4
 # Older files gain the new columns here; new tables come from _SCHEMA (IF NOT EXISTS).
 _ADDED_COLUMNS = {
     "network": "TEXT NOT NULL DEFAULT '{}'",
@@ -90,6 +99,13 @@ CREATE TABLE IF NOT EXISTS snapshots (  -- since version 3
     path       TEXT NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS snapshots_by_owner ON snapshots (owner, created_at);
+CREATE TABLE IF NOT EXISTS snapshot_reservations (  -- quota bytes held by copies in flight (4)
+    token TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    size  INTEGER NOT NULL,
+    until REAL NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS snapshot_reservations_by_owner ON snapshot_reservations (owner);
 CREATE TABLE IF NOT EXISTS secrets (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL  -- sealed
@@ -106,6 +122,18 @@ _UPSERT_SANDBOX = (
     + ", ".join(f"{c} = excluded.{c}" for c in SandboxRecord.fields()[1:])
 )
 _PARKED = ", ".join("?" * len(PARKED_STATES))
+# The workspaces an owner keeps without a cell (SandboxRecord.keeps_workspace), in SQL.
+_KEEPS_WORKSPACE = (
+    f"(state IN ({', '.join(repr(s) for s in PAUSED_STATES)})"
+    " OR (state = 'snapshotting' AND paused_at > 0))"
+)
+_COUNT_KEPT = f"SELECT COUNT(*) FROM sandboxes WHERE owner = ? AND id != ? AND {_KEEPS_WORKSPACE}"  # noqa: S608
+# Bytes an owner's quota counts: its snapshots and its copies in flight (but `token`'s own).
+_SNAPSHOT_BYTES_HELD = (
+    "SELECT (SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE owner = :owner)"
+    " + (SELECT COALESCE(SUM(size), 0) FROM snapshot_reservations"
+    " WHERE owner = :owner AND until > :now AND token != :token)"
+)
 _SET_ALL = ", ".join(f"{c} = :{c}" for c in SandboxRecord.fields()[1:])
 _SNAP_COLS = ", ".join(SnapshotRecord.fields())
 _INSERT_SNAPSHOT = (
@@ -272,6 +300,14 @@ class SQLiteStore(Store):
         params = {**rec.to_flat(), **{f"s{i}": state for i, state in enumerate(expected)}}
         return self._write(sql, params) == 1
 
+    async def start_pause(self, rec: SandboxRecord, limit: int) -> PauseStart:
+        with self._transaction() as conn:
+            kept = conn.execute(_COUNT_KEPT, (rec.owner, rec.id)).fetchone()[0]
+            if kept >= limit:
+                return "full"
+            sql = f"UPDATE sandboxes SET {_SET_ALL} WHERE id = :id AND state = 'running'"  # noqa: S608
+            return "moved" if conn.execute(sql, rec.to_flat()).rowcount == 1 else "lost"
+
     async def _update_if_exists(self, sandbox_id: str, fields: Mapping[str, FieldValue]) -> bool:
         assignments = ", ".join(f"{name} = ?" for name in fields)  # names are ours, not input
         sql = f"UPDATE sandboxes SET {assignments} WHERE id = ?"  # noqa: S608
@@ -286,8 +322,49 @@ class SQLiteStore(Store):
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    async def put_snapshot(self, rec: SnapshotRecord) -> None:
-        self._write(_INSERT_SNAPSHOT, rec.to_flat())
+    async def reserve_snapshot_bytes(
+        self, owner: str, size: int, quota: int
+    ) -> ByteReservation | None:
+        return self._hold_bytes(ByteReservation.new(owner, size), quota)
+
+    async def resize_snapshot_reservation(
+        self, reservation: ByteReservation, size: int, quota: int
+    ) -> ByteReservation | None:
+        return self._hold_bytes(reservation.resized(size), quota)
+
+    def _hold_bytes(self, reservation: ByteReservation, quota: int) -> ByteReservation | None:
+        """Writes `reservation` (new, or replacing its token's) if it fits under `quota`."""
+        now = time.time()
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM snapshot_reservations WHERE until <= ?", (now,))
+            params = {"owner": reservation.owner, "now": now, "token": reservation.token}
+            held = conn.execute(_SNAPSHOT_BYTES_HELD, params).fetchone()[0]
+            if held + reservation.size > quota:
+                return None
+            conn.execute(
+                "INSERT INTO snapshot_reservations (token, owner, size, until) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (token) DO UPDATE SET size = excluded.size, until = excluded.until",
+                (reservation.token, reservation.owner, reservation.size, reservation.until),
+            )
+        return reservation
+
+    async def release_snapshot_bytes(self, reservation: ByteReservation) -> None:
+        self._write("DELETE FROM snapshot_reservations WHERE token = ?", (reservation.token,))
+
+    async def snapshot_bytes_held(self, owner: str) -> int:
+        params = {"owner": owner, "now": time.time(), "token": ""}
+        with self._lock:
+            return self._conn.execute(_SNAPSHOT_BYTES_HELD, params).fetchone()[0]
+
+    async def put_snapshot(
+        self, rec: SnapshotRecord, reservation: ByteReservation | None = None
+    ) -> None:
+        with self._transaction() as conn:
+            conn.execute(_INSERT_SNAPSHOT, rec.to_flat())
+            if reservation is not None:
+                conn.execute(
+                    "DELETE FROM snapshot_reservations WHERE token = ?", (reservation.token,)
+                )
 
     async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
         rows = self._read(f"SELECT {_SNAP_COLS} FROM snapshots WHERE id = ?", (snapshot_id,))  # noqa: S608
