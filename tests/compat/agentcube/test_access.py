@@ -112,3 +112,16 @@ def test_unknown_picod_route_is_a_404(server: RunningServer, victim):
     with server.client() as http:
         answer = http.get(f"{INVOKE}/api/nope", headers={"x-agentcube-session-id": session_id})
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "NOT_FOUND"
+
+
+def test_a_revoked_keys_session_ids_stop_working(server: RunningServer):
+    """A session id is its key's credential: revoking the key ends what the id opens."""
+    key = server.create_key("agentcube-revoked")
+    with server.client(key) as http:
+        body = {"name": "default", "namespace": "team-a"}
+        session_id = http.post("/agentcube/v1/code-interpreter", json=body).json()["sessionId"]
+    assert _execute(server, session_id).status_code == 200
+    server.revoke_key("agentcube-revoked")
+    refused = _execute(server, session_id)
+    assert refused.status_code == 404, refused.text
+    assert refused.json()["error"]["code"] == "SANDBOX_NOT_FOUND"

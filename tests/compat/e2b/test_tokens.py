@@ -1,26 +1,29 @@
-"""envdAccessToken on both stores: minted, checked, kept only as a hash."""
+"""envdAccessToken on both stores: minted, checked, and kept nowhere (only the server key
+that MACs them is stored, sealed), so a deleted sandbox leaves no token behind."""
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
-from sandcell.compat.e2b import tokens
+from sandcell.compat.e2b.tokens import KEY_NAME, AccessTokens
 from sandcell.store import Store
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_tokens_on_each_store(store: Store) -> None:
-    first = await tokens.mint(store, "sbx-a")
-    second = await tokens.mint(store, "sbx-a")  # a connect hands out another
+    tokens = AccessTokens(store)
+    first = await tokens.mint("sbx-a")
+    second = await tokens.mint("sbx-a")  # a connect hands out another
     assert first != second
-    assert await tokens.check(store, "sbx-a", first)
-    assert await tokens.check(store, "sbx-a", second)
-    assert not await tokens.check(store, "sbx-b", first)  # another sandbox's token
-    assert not await tokens.check(store, "sbx-a", first[:-1])
-    assert not await tokens.check(store, "sbx-a", "")
-    digest = hashlib.sha256(first.encode()).hexdigest()
-    assert await store.get_secret(f"e2b-envd-token:sbx-a:{digest}") is not None
+    assert await tokens.check("sbx-a", first)
+    assert await tokens.check("sbx-a", second)
+    assert not await tokens.check("sbx-b", first)  # another sandbox's token
+    assert not await tokens.check("sbx-a", first[:-1])
+    assert not await tokens.check("sbx-a", first[:-1] + ("A" if first[-1] != "A" else "B"))
+    assert not await tokens.check("sbx-a", "")
+    assert not await tokens.check("sbx-a", "x" * 10_000)
+    # Another replica, with its own cache, checks the same tokens (one sealed key).
+    assert await AccessTokens(store).check("sbx-a", first)
+    assert await store.get_secret(KEY_NAME) is not None
     assert await store.get_secret(first) is None  # the token itself is stored nowhere

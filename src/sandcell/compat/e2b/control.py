@@ -13,7 +13,6 @@ from urllib.parse import parse_qsl, unquote
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sandcell.compat.e2b import tokens
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
@@ -57,7 +56,7 @@ def _detail(sandbox: dict[str, Any], template: Template) -> dict[str, Any]:
 
 
 async def _created(gateway: Gateway, sandbox: dict[str, Any], template: str) -> dict[str, Any]:
-    token = await tokens.mint(gateway.router.store, sandbox["id"])
+    token = await gateway.tokens.mint(sandbox["id"])
     return {
         "templateID": template,
         "sandboxID": sandbox["id"],

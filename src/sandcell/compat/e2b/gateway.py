@@ -15,6 +15,7 @@ from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 
+from sandcell.compat.e2b.tokens import AccessTokens
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import declared_length
 from sandcell.router.core import Answer, Call, Router
@@ -45,6 +46,7 @@ class Gateway:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.tokens = AccessTokens(router.store)
 
     async def daemon(
         self,

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sandcell.compat.e2b import errors, files, interpreter, tokens
+from sandcell.compat.e2b import errors, files, interpreter
 from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
@@ -44,7 +44,7 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     token = request.headers.get("x-access-token") or request.headers.get(
         "e2b-traffic-access-token", ""
     )
-    if not sandbox_id or not await tokens.check(gateway.router.store, sandbox_id, token):
+    if not sandbox_id or not await gateway.tokens.check(sandbox_id, token):
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
     record = await gateway.router.store.get_sandbox(sandbox_id)
     if record is None or record.state in GONE:
