@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct, field
 
+from sandcell.cellapi.limits import CODE_TIMEOUT_S, EXEC_TIMEOUT_S, MAX_TIMEOUT_S
 from sandcell.errors import ErrorCode, SandcellError
 
-MAX_TIMEOUT_S = 86_400
 DEFAULT_MAX_OUTPUT = 1_048_576
 MAX_OUTPUT_CAP = 64 * 1_048_576
 
@@ -100,7 +100,7 @@ class ExecRequest(Strict):
     ]
     cwd: Annotated[str | None, Meta(description="Relative to the workspace.")] = None
     env: Env = None
-    timeout_s: Timeout = 60
+    timeout_s: Timeout = EXEC_TIMEOUT_S
     stdin: str | None = None
     max_output_bytes: Annotated[int, Meta(ge=0, le=MAX_OUTPUT_CAP)] = DEFAULT_MAX_OUTPUT
 
@@ -158,7 +158,7 @@ class MoveRequest(Strict):
 
 # -- code contexts (SPEC §10) ----------------------------------------------------------------
 
-DEFAULT_CODE_TIMEOUT_S = 300
+DEFAULT_CODE_TIMEOUT_S = CODE_TIMEOUT_S
 MAX_CODE_BYTES = 4 * 1_048_576
 # A run's reply is encoded whole (its results too): a lower cap than exec's streamed one.
 MAX_CODE_OUTPUT = 8 * 1_048_576

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from sandcell.cellapi.limits import ANSWER_MARGIN_S, CLIENT_MARGIN_S
 from sandcell.client.binding import operation
 from sandcell.client.config import RetryPolicy
 from sandcell.client.errors import InvalidResponseError, SandboxUnreachableError
@@ -28,7 +29,7 @@ from sandcell.client.protocol import NDJSON, Invoke, NdjsonDecoder, Op, Read, Re
 
 DEFAULT_TIMEOUT_S = 300.0
 # The router waits a run's timeout plus 30 s; we wait a little longer (a start included).
-READ_MARGIN_S = 75.0
+READ_MARGIN_S = ANSWER_MARGIN_S + CLIENT_MARGIN_S  # past the router's own timeout
 
 # Result attribute -> MIME type, as e2b-code-interpreter names them.
 FORMATS = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from sandcell.cellapi.limits import ANSWER_MARGIN_S, CLIENT_MARGIN_S, MAX_TIMEOUT_S
 from sandcell.client.binding import AsyncBound, SyncBound, operation
 from sandcell.client.config import RetryPolicy
 from sandcell.client.errors import CommandExitError
@@ -36,9 +37,8 @@ from sandcell.client.protocol import (
 if TYPE_CHECKING:
     from sandcell.client.lifecycle import SandboxBase
 
-MAX_TIMEOUT_S = 86_400
-# The router waits the command's timeout plus 30 s for the daemon; we wait a little longer.
-READ_MARGIN_S = 45.0
+# The router waits the command's timeout plus its margin for the daemon; we wait longer.
+READ_MARGIN_S = ANSWER_MARGIN_S + CLIENT_MARGIN_S
 
 OutputCallback = Callable[[str], Any]
 

@@ -71,7 +71,9 @@ def _uvicorn_websockets(app: ASGIApp) -> Callable[[], asyncio.Protocol]:
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
-    config = Config(app, lifespan="off", proxy_headers=False, log_level="warning")
+    config = Config(  # wsproto: the one WebSocket library, as on the router's side
+        app, lifespan="off", proxy_headers=False, log_level="warning", ws="wsproto"
+    )
     config.load()
     state = ServerState()
     return lambda: config.ws_protocol_class(config=config, server_state=state, app_state={})

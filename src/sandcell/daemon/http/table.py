@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from sandcell.cellapi import schemas
+from sandcell.cellapi.limits import MAX_JSON_BODY
 from sandcell.errors import SandcellError
 from sandcell.http.bodies import path_with_query, read_body
 from sandcell.http.errors import error_response
@@ -26,7 +27,6 @@ from sandcell.http.openapi import Endpoint, Operation
 if TYPE_CHECKING:
     from sandcell.tokens import VerifiedToken
 
-MAX_JSON_BODY = 8 * 1_048_576
 _CALL = "sandcell.call"  # scope key of the verified call
 
 
