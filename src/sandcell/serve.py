@@ -176,6 +176,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
             snapshot_quota_bytes=settings.snapshot_quota_mb * MIB,
         )
+            max_paused_per_key=settings.max_paused_per_key,
         limits = Limits(
             max_inflight=settings.max_inflight,
             max_sandboxes_per_key=settings.max_sandboxes_per_key,

@@ -39,6 +39,7 @@ SERVER_KEYS = {
     "body_budget_bytes",
     "body_budget_per_key_bytes",
     "snapshot_quota_mb",
+    "max_paused_per_key",
     "egress_max_connections",
     "egress_max_connections_per_key",
 }
@@ -75,6 +76,7 @@ class Settings:
     body_budget_bytes: int = 128 * MIB
     body_budget_per_key_bytes: int = 32 * MIB
     snapshot_quota_mb: int = 10_240  # per principal, all its snapshots together (SPEC §13)
+    max_paused_per_key: int = 16  # paused (and pausing, resuming) sandboxes of one key
     # Egress proxy connections of every sandbox, and of one principal's: 0 derives them from
     # RLIMIT_NOFILE (`EgressLimits`); a larger value is still held below that ceiling.
     egress_max_connections: int = 0
@@ -116,6 +118,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         max_sessions=_int(server, "max_sessions", 0, 0, 1_000_000),
         body_budget_bytes=_int(server, "body_budget_bytes", 128 * MIB, MIB, 1 << 40),
         snapshot_quota_mb=_int(server, "snapshot_quota_mb", 10_240, 0, 1 << 30),
+        max_paused_per_key=_int(server, "max_paused_per_key", 16, 0, 1_000_000),
         body_budget_per_key_bytes=_int(server, "body_budget_per_key_bytes", 32 * MIB, MIB, 1 << 40),
         egress_max_connections=_int(server, "egress_max_connections", 0, 0, 1_000_000),
         egress_max_connections_per_key=_int(

@@ -74,9 +74,7 @@ def sbx(server: RunningServer, keys: dict[str, str]) -> Iterator[str]:
             lambda: (
                 c.post(
                     f"/v1/sandboxes/{sandbox}/exec",
-                    json={
-                        "command": f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {WS_PORT}))'"
-                    },
+                    json={"command": LISTENING},
                 ).json()["exit_code"]
                 == 0
             ),
@@ -140,20 +138,24 @@ def _answer_now(s: socket.socket, timeout_s: float = 0.5) -> bytes:
 
 
 def test_websocket_upgrades_give_their_slot_back(
-    server: RunningServer, keys: dict[str, str], sbx: str
+    server: RunningServer, keys: dict[str, str], sbx: str, figures: dict
 ) -> None:
     """Hole 1: each upgrade (port relay, process attach) held one of the key's in-flight
     slots for ever; after the key's share of upgrades, everything it sent was a 429."""
     key = keys["alice"]
     with server.client(key) as c:
         pid = c.post(f"/v1/sandboxes/{sbx}/processes", json={"command": "sleep 600"}).json()["pid"]
-        for _ in range(3 * INFLIGHT_PER_KEY):
+        for _ in range(3 * INFLIGHT_PER_KEY):  # two upgrades each
             with _ws(server, f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/echo", key) as ws:
                 ws.send("hi")
                 assert ws.recv(10) == "echo /echo hi"
             with _ws(server, f"/v1/sandboxes/{sbx}/processes/{pid}/ws", key):
                 pass
         assert c.get("/v1/sandboxes").status_code == 200
+        figures["one door: WebSocket upgrades"] = {
+            "upgrades": 6 * INFLIGHT_PER_KEY,
+            "key_inflight_share": INFLIGHT_PER_KEY,
+        }
         exec_reply = c.post(f"/v1/sandboxes/{sbx}/exec", json={"command": "true"})
         assert exec_reply.status_code == 200, exec_reply.text
         c.delete(f"/v1/sandboxes/{sbx}/processes/{pid}")
@@ -176,7 +178,7 @@ def test_a_keys_websocket_sessions_are_bounded_and_given_back(
 
 
 def test_anonymous_preview_websockets_are_bounded(
-    server: RunningServer, keys: dict[str, str], sbx: str, preview: str
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str, figures: dict
 ) -> None:
     """Hole 4: preview WebSockets (no key) had no bound: 500 of them exhausted the router's
     descriptors. Now a sandbox's visitors hold at most their share of the sessions, and all
@@ -192,7 +194,14 @@ def test_anonymous_preview_websockets_are_bounded(
         held = SESSIONS - len(refused)
         assert held == SESSIONS_PER_KEY, (held, refused)
         assert set(refused) == {429}
-        assert _descriptors(server.proc.pid) - before <= 2 * held + 8
+        grown = _descriptors(server.proc.pid) - before
+        figures["one door: anonymous preview WebSockets"] = {
+            "tried": SESSIONS,
+            "held": held,
+            "refused": len(refused),
+            "router_descriptors_grown": grown,
+        }
+        assert grown <= 2 * held + 8
         with _ws(server, f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/own", keys["alice"]) as ws:
             ws.send("mine")
             assert ws.recv(10) == "echo /own mine"
@@ -200,7 +209,7 @@ def test_anonymous_preview_websockets_are_bounded(
 
 
 def test_preview_bodies_are_paid_from_a_byte_budget(
-    server: RunningServer, keys: dict[str, str], sbx: str, preview: str
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str, figures: dict
 ) -> None:
     """Hole 2: unfinished 8 MiB POSTs to a preview URL were read into memory without any
     budget (32 of them grew the router by ~260 MiB)."""
@@ -214,6 +223,11 @@ def test_preview_bodies_are_paid_from_a_byte_budget(
         assert len(refused) >= 12 - BUDGET_PER_KEY // (8 * MIB), answers
         assert b"RATE_LIMITED" in refused[0]
         grown = rss_bytes(server.proc.pid) - rss
+        figures["one door: unfinished 8 MiB preview bodies"] = {
+            "bodies": len(held),
+            "refused_429": len(refused),
+            "router_rss_grown_mib": round(grown / MIB, 1),
+        }
         assert grown < BUDGET_PER_KEY + 24 * MIB, grown
         with server.client(keys["bob"]) as c:  # another key's bodies are still read
             r = c.post("/v1/sandboxes", content=b"{" + b" " * (2 * MIB) + b"}")
@@ -221,7 +235,7 @@ def test_preview_bodies_are_paid_from_a_byte_budget(
 
 
 def test_stalled_preview_requests_leave_slots_for_everyone_else(
-    server: RunningServer, keys: dict[str, str], sbx: str, preview: str
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str, figures: dict
 ) -> None:
     """Hole 3: 520 stalled preview POSTs took every in-flight slot: every key's requests
     and /healthz answered 503. Keyless callers now share a bounded part of the slots."""
@@ -230,12 +244,20 @@ def test_stalled_preview_requests_leave_slots_for_everyone_else(
         answers = [_answer_now(s, 2.0) for s in held[-8:]]
         assert all(a.startswith((b"HTTP/1.1 429", b"HTTP/1.1 503")) for a in answers), answers
         assert all(b"preview" in a for a in answers), answers
+        started = time.monotonic()
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+        healthz_ms = (time.monotonic() - started) * 1000
         with server.client(keys["bob"]) as c:
             started = time.monotonic()
             r = c.get("/v1/sandboxes")
             assert r.status_code == 200, r.text
-            assert time.monotonic() - started < 2
+            listed_ms = (time.monotonic() - started) * 1000
+            assert listed_ms < 2000
+        figures["one door: stalled preview POSTs"] = {
+            "stalled": len(held),
+            "healthz_ms": round(healthz_ms, 1),
+            "other_key_list_ms": round(listed_ms, 1),
+        }
         with server.client(keys["alice"]) as c:
             r = c.post(f"/v1/sandboxes/{sbx}/exec", json={"command": "echo ok"})
             assert r.status_code == 200 and r.json()["stdout"] == "ok\n", r.text
@@ -258,3 +280,106 @@ def test_a_refused_websocket_answers_in_the_error_shape(
         assert answer.status_code == 404
         assert assert_error_shape(answer)["code"] == "SANDBOX_NOT_FOUND"
         assert c.get("/v1/sandboxes").status_code == 200
+
+
+def _exec_ms(client: httpx.Client, sandbox: str, n: int) -> float:
+    """The median of `n` execs of `true`, in ms."""
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        r = client.post(f"/v1/sandboxes/{sandbox}/exec", json={"command": "true"})
+        assert r.status_code == 200, r.text
+        times.append((time.perf_counter() - started) * 1000)
+    return sorted(times)[n // 2]
+
+
+def test_the_door_holds_with_every_entry_point_at_once(
+    server: RunningServer, keys: dict[str, str], sbx: str, preview: str, figures: dict
+) -> None:
+    """From one key (alice) and from no key at once: stalled bodies to /v1, to a preview URL,
+    to E2B's envd and to agentcube's PicoD (by session id, no key), and WebSockets held on
+    port relays and preview URLs past their bounds. Another key's exec keeps answering
+    within three times its usual latency, and /healthz answers."""
+    alice = {"authorization": f"Bearer {keys['alice']}"}
+    with server.client(keys["bob"]) as bob, server.client(keys["alice"]) as c:
+        theirs = bob.post("/v1/sandboxes", json={}).json()["id"]
+        usual = _exec_ms(bob, theirs, 30)
+        e2b = c.post(
+            "/e2b/sandboxes", json={"templateID": "base"}, headers={"x-api-key": keys["alice"]}
+        ).json()
+        session = c.post("/agentcube/v1/code-interpreter", json={"name": "default"}).json()
+        stalled = {
+            f"/v1/sandboxes/{sbx}/exec": "authorization: Bearer " + keys["alice"],
+            f"{preview}slow": "x-none: 1",
+            "/e2b/filesystem.Filesystem/Stat": (
+                f"e2b-sandbox-id: {e2b['sandboxID']}\r\nx-access-token: {e2b['envdAccessToken']}"
+            ),
+            "/v1/namespaces/default/code-interpreters/default/invocations/api/execute": (
+                f"x-agentcube-session-id: {session['sessionId']}"
+            ),
+        }
+        with contextlib.ExitStack() as stack:
+            held = []
+            for path, header in stalled.items():
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\n{header}\r\n"
+                    "content-type: application/json\r\ncontent-length: 100\r\n\r\n"
+                ).encode()
+                held += stack.enter_context(_stalled(server, head, 3 * INFLIGHT_PER_KEY))
+            sessions = 0
+            for path, key in [
+                (f"/v1/sandboxes/{sbx}/ports/{WS_PORT}/f", keys["alice"]),
+                (preview + "f", None),
+            ]:
+                for _ in range(SESSIONS_PER_KEY + 2):
+                    try:
+                        stack.enter_context(_ws(server, path, key))
+                        sessions += 1
+                    except InvalidStatus as exc:
+                        assert exc.response.status_code in (429, 503)
+            assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+            during = _exec_ms(bob, theirs, 30)
+            refused = sum(_answer_now(s, 0.01).startswith(b"HTTP/1.1 4") for s in held)
+        figures["one door: every entry point at once"] = {
+            "stalled_requests": len(held),
+            "stalled_refused_at_once": refused,
+            "websocket_sessions_held": sessions,
+            "other_key_exec_ms_usual": round(usual, 2),
+            "other_key_exec_ms_during": round(during, 2),
+        }
+        assert sessions <= 2 * SESSIONS_PER_KEY
+        assert during <= 3 * usual, (usual, during)
+        assert c.get("/v1/sandboxes", headers=alice).status_code == 200  # all given back
+        bob.delete(f"/v1/sandboxes/{theirs}")
+        c.delete(f"/e2b/sandboxes/{e2b['sandboxID']}", headers={"x-api-key": keys["alice"]})
+        c.delete(f"/agentcube/v1/code-interpreter/sessions/{session['sessionId']}")
+
+
+def test_a_paused_sandbox_wakes_through_every_entry_point(
+    server: RunningServer, keys: dict[str, str]
+) -> None:
+    """Hole 17: one core, one behaviour. A paused sandbox with `auto_resume` woke on /v1 but
+    answered 409 through both façades."""
+    with server.client(keys["bob"]) as c:
+        e2b = c.post(
+            "/e2b/sandboxes", json={"templateID": "base"}, headers={"x-api-key": keys["bob"]}
+        ).json()
+        session = c.post("/agentcube/v1/code-interpreter", json={"name": "default"}).json()
+        envd = {"e2b-sandbox-id": e2b["sandboxID"], "x-access-token": e2b["envdAccessToken"]}
+        calls = {
+            e2b["sandboxID"]: lambda: c.post(
+                "/e2b/filesystem.Filesystem/Stat", json={"path": "/home/user"}, headers=envd
+            ),
+            session["sandboxId"]: lambda: c.post(
+                "/agentcube/v1/namespaces/default/code-interpreters/default/invocations/"
+                "api/execute",
+                json={"command": ["true"]},
+                headers={"x-agentcube-session-id": session["sessionId"], "authorization": ""},
+            ),
+        }
+        for sandbox, call in calls.items():
+            assert c.post(f"/v1/sandboxes/{sandbox}/pause").json()["state"] == "paused"
+            answer = call()
+            assert answer.status_code == 200, answer.text
+            assert c.get(f"/v1/sandboxes/{sandbox}").json()["state"] == "running"
+            c.delete(f"/v1/sandboxes/{sandbox}")
