@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 FORMATS = ("text", "json")
@@ -104,9 +105,12 @@ class RepeatFilter(logging.Filter):
     per window and drops the rest; the first one after a window reports how many were
     dropped. INFO (the access log) always passes: it is the record of what was served."""
 
-    def __init__(self, window_s: float = REPEAT_WINDOW_S) -> None:
+    def __init__(
+        self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
         self.window_s = window_s
+        self._clock = clock
         self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -121,7 +125,7 @@ class RepeatFilter(logging.Filter):
 
     def _first_in_window(self, record: logging.LogRecord) -> bool:
         key = (record.name, record.levelno, str(record.msg))
-        now = time.monotonic()
+        now = self._clock()
         started, dropped = self._seen.get(key, (0.0, 0))
         if now - started < self.window_s:
             self._seen[key] = (started, dropped + 1)
