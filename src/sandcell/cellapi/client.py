@@ -12,7 +12,8 @@ import functools
 import json
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -30,42 +31,68 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _base_url(endpoint: dict[str, Any]) -> str:
-    if "uds" in endpoint:
-        return DAEMON_BASE_URL
-    host = str(endpoint["host"])
-    return f"http://{f'[{host}]' if ':' in host else host}:{endpoint['port']}"
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a daemon listens: a unix socket (local cells) or a TCP address (pods). Stored
+    in a sandbox's record as a plain mapping; read back through `of`."""
+
+    uds: str | None = None
+    host: str = ""
+    port: int = 0
+
+    @classmethod
+    def of(cls, raw: Endpoint | Mapping[str, Any]) -> Endpoint:
+        if isinstance(raw, Endpoint):
+            return raw
+        if "uds" in raw:
+            return cls(uds=str(raw["uds"]))
+        try:
+            return cls(host=str(raw["host"]), port=int(raw["port"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a daemon endpoint: {dict(raw)!r}") from exc
+
+    @property
+    def base_url(self) -> str:
+        if self.uds is not None:
+            return DAEMON_BASE_URL
+        return f"http://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
 
 
-def _transport_options(endpoint: dict[str, Any]) -> dict[str, Any]:
-    if "uds" in endpoint:
-        return {"uds": str(endpoint["uds"]), "verify": _tls_context()}
+def _transport_options(endpoint: Endpoint) -> dict[str, Any]:
+    if endpoint.uds is not None:
+        return {"uds": endpoint.uds, "verify": _tls_context()}
     # Small request/response pairs: never wait for Nagle's algorithm.
     nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
     return {"socket_options": nodelay, "verify": _tls_context()}
 
 
-def transport_for(endpoint: dict[str, Any]) -> tuple[httpx.HTTPTransport, str]:
-    """An httpx transport and base URL for a daemon endpoint ({"uds"} or {"host", "port"})."""
-    return httpx.HTTPTransport(**_transport_options(endpoint)), _base_url(endpoint)
+def transport_for(raw: Endpoint | Mapping[str, Any]) -> tuple[httpx.HTTPTransport, str]:
+    """An httpx transport and base URL for a daemon endpoint."""
+    endpoint = Endpoint.of(raw)
+    return httpx.HTTPTransport(**_transport_options(endpoint)), endpoint.base_url
 
 
-def async_transport(endpoint: dict[str, Any]) -> tuple[httpx.AsyncHTTPTransport, str]:
-    return httpx.AsyncHTTPTransport(**_transport_options(endpoint)), _base_url(endpoint)
+def async_transport(
+    raw: Endpoint | Mapping[str, Any],
+) -> tuple[httpx.AsyncHTTPTransport, str]:
+    endpoint = Endpoint.of(raw)
+    return httpx.AsyncHTTPTransport(**_transport_options(endpoint)), endpoint.base_url
 
 
-def dialer(endpoint: dict[str, Any]) -> tuple[Dial, bytes]:
-    """How to open a connection to a daemon endpoint, and the Host its requests name.
-    (asyncio sets TCP_NODELAY on TCP connections itself.)"""
-    host = _base_url(endpoint).removeprefix("http://").encode()
-    if "uds" in endpoint:
-        path = str(endpoint["uds"])
+def dialer(raw: Endpoint | Mapping[str, Any]) -> tuple[Dial, bytes]:
+    """How to open a connection to a daemon endpoint, and the Host its requests name: the
+    one way every host-side client (the router's hop, its WebSockets, the health probe)
+    reaches a daemon. (asyncio sets TCP_NODELAY on TCP connections itself.)"""
+    endpoint = Endpoint.of(raw)
+    host = endpoint.base_url.removeprefix("http://").encode()
+    if endpoint.uds is not None:
+        path = endpoint.uds
 
         async def dial(factory: Callable[[], asyncio.Protocol]) -> tuple[Any, Any]:
             return await asyncio.get_running_loop().create_unix_connection(factory, path)
 
         return dial, host
-    address = (str(endpoint["host"]), int(endpoint["port"]))
+    address = (endpoint.host, endpoint.port)
 
     async def dial_tcp(factory: Callable[[], asyncio.Protocol]) -> tuple[Any, Any]:
         return await asyncio.get_running_loop().create_connection(factory, *address)
@@ -76,7 +103,7 @@ def dialer(endpoint: dict[str, Any]) -> tuple[Dial, bytes]:
 class DaemonClient:
     def __init__(
         self,
-        endpoint: dict[str, Any],
+        endpoint: Endpoint | Mapping[str, Any],
         sandbox_id: str,
         session_key: tokens.PrivateKey | None = None,
         timeout_s: float = 30.0,
