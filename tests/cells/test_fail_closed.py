@@ -28,6 +28,7 @@ from sandcell.isolation.cell import (
     new_cell_id,
 )
 from sandcell.isolation.policy import LAYERS, CellPolicy, IsolationUnavailable
+from support.leaks import outside_prefix
 
 NOBODY = 65534
 
@@ -88,10 +89,12 @@ print(json.dumps(out))
 
 
 @pytest.fixture
-def unprivileged() -> Iterator[tuple[Path, str]]:
+def unprivileged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """A cells directory owned by nobody (where nobody can reach it: pytest's own temporary
-    directories are root's, 0700), and a fresh cgroup parent name."""
-    home = Path(tempfile.mkdtemp(prefix="sandcell-test-nobody-"))
+    directories are root's, 0700), and a fresh cgroup parent name. Its name is the
+    session's (leaks.outside_prefix): the session's leak check knows its cells by it."""
+    prefix = outside_prefix(tmp_path_factory.getbasetemp())
+    home = Path(tempfile.mkdtemp(prefix=prefix))
     home.chmod(0o755)
     os.chown(home, NOBODY, NOBODY)
     parent = new_cgroup_parent()

@@ -2,16 +2,27 @@
 
 `HostSnapshot.take()` at session start, `assert_nothing_leaked(before, basetemp)` at its end.
 Everything a session makes lives under its temporary directory (`basetemp`): cells dirs, data
-dirs, sockets. The check blames only what it can attribute to that directory, so other sandcell
-instances on the host (a developer's server, another clone's test run) are never blamed, even
-when they start cells while this session runs. A cell is this session's when its directory is
+dirs, sockets; or, what an unprivileged user must reach (basetemp is root's, 0700), in a
+directory named with the session's `outside_prefix`. The check blames only what it can
+attribute to the session, so other sandcell instances on the host (a developer's server,
+another clone's test run) are never blamed, even when they start cells while this session
+runs. A cell is this session's when its directory is
 under `basetemp`, which one of these shows: its workspace mount, the claim in the host-wide uid
 registry (`/run/sandcell-uids/<uid>` names the claiming cell's directory), or the directory
 itself. What counts as a leak, when it was not there at the start:
 
 * a live (non-zombie) process of one of those cells: run by its claimed uid, or in its cgroup;
-* any live process whose command line names `basetemp` (a `sandcell serve`, a bare daemon, a
-  Redis server that a test started and did not stop);
+* a live process run by a uid of the cell range that ran nothing when the session started and
+  is not claimed now by a live cell of another sandcell. A cell's uid is its claim's only while
+  the cell lives: a process that survived its cell's deletion (a detached tenant command, a
+  cell made without cgroups) runs as a uid nobody claims, and the session that made the cell
+  is the one that ran no process as that uid before it started. (A uid some other cell held
+  at the start cannot be this session's until that cell's processes are gone, so it is never
+  blamed; another sandcell that leaks a cell while this session runs is, rightly, a leak too);
+* any live process whose command line names `basetemp` or the session's outside prefix (a
+  `sandcell serve`, a bare daemon, a Redis server that a test started and did not stop), and
+  the daemon of a cell whose bwrap names one of them (an unprivileged cell: it runs as its
+  caller's uid, shared, and only its binds say whose it is);
 * the cgroup of one of those cells (`<...>/sandcell*/cell-<id>`) in any hierarchy;
 * a test parent cgroup (`<...>/sandcell-test-*`) holding one of those cells, or left empty
   while no other test session runs on the host (an empty one names no one);
@@ -21,6 +32,7 @@ itself. What counts as a leak, when it was not there at the start:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -28,9 +40,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandcell.isolation.cell import UID_REGISTRY
+from sandcell.isolation.uids import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, UID_REGISTRY
 
-CELL_UIDS = range(200_000, 210_000)
+CELL_UIDS = range(DEFAULT_UID_BASE, DEFAULT_UID_BASE + DEFAULT_UID_COUNT)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_MAX_DEPTH = 8
 _CELL_ID = re.compile(r"^c[0-9a-z-]{1,63}$")
@@ -54,6 +66,7 @@ class Process:
     pid: int
     start: int  # clock ticks since boot: (pid, start) names a process despite pid reuse
     uid: int
+    ppid: int
     cmdline: str
     cgroup_cell: str | None  # the cell id, when the process is in a cell's cgroup
 
@@ -83,11 +96,38 @@ def live_processes() -> Iterator[Process]:
             if match:
                 cell = match[1]
                 break
-        yield Process(pid, int(tail[19]), uid, cmdline.strip(), cell)
+        yield Process(pid, int(tail[19]), uid, int(tail[1]), cmdline.strip(), cell)
+
+
+def runs_a_cell(p: Process) -> bool:
+    """bwrap (a cell's launcher or its PID namespace's init) or a cell's daemon."""
+    return "sandcell.daemon" in p.cmdline or p.cmdline.startswith("bwrap ")
 
 
 def is_cell_process(p: Process) -> bool:
-    return p.uid in CELL_UIDS and ("sandcell.daemon" in p.cmdline or "bwrap" in p.cmdline)
+    return p.uid in CELL_UIDS and runs_a_cell(p)
+
+
+def outside_prefix(basetemp: Path) -> str:
+    """The name prefix of the session's directories outside `basetemp` (for `tempfile`'s
+    `prefix`), which tells its processes from another session's."""
+    tag = hashlib.sha256(str(basetemp.resolve()).encode()).hexdigest()[:12]
+    return f"sandcell-outside-{tag}-"
+
+
+def names_session(p: Process, marks: tuple[str, ...], by_pid: dict[int, Process]) -> bool:
+    """Whether `p`'s command line, or that of the bwrap above a cell's process, names one of
+    `marks` (an unprivileged cell's bwrap binds its workspace by its host path)."""
+    seen: set[int] = set()
+    while p.pid not in seen:
+        if any(mark in p.cmdline for mark in marks):
+            return True
+        seen.add(p.pid)
+        parent = by_pid.get(p.ppid)
+        if parent is None or not runs_a_cell(p) or not runs_a_cell(parent):
+            return False
+        p = parent
+    return False
 
 
 def sandcell_cgroups() -> set[str]:
@@ -140,14 +180,17 @@ def listening_unix_sockets() -> set[str]:
 @dataclass(frozen=True)
 class HostSnapshot:
     processes: frozenset[tuple[int, int]]
+    cell_uids: frozenset[int]  # the uids of the cell range that ran something
     cgroups: frozenset[str]
     mounts: frozenset[str]
     sockets: frozenset[str]
 
     @classmethod
     def take(cls) -> HostSnapshot:
+        processes = list(live_processes())
         return cls(
-            processes=frozenset(p.key for p in live_processes()),
+            processes=frozenset(p.key for p in processes),
+            cell_uids=frozenset(p.uid for p in processes if p.uid in CELL_UIDS),
             cgroups=frozenset(sandcell_cgroups()),
             mounts=frozenset(workspace_mounts()),
             sockets=frozenset(listening_unix_sockets()),
@@ -164,22 +207,35 @@ class Ours:
 
     cells: frozenset[str]
     uids: frozenset[int]
+    foreign_uids: frozenset[int]  # claimed by a live cell of another sandcell
 
     @classmethod
     def find(cls, basetemp: Path) -> Ours:
         root = str(basetemp)
         cells = {cell for mount, cell in workspace_mounts().items() if _under(mount, root)}
         cells.update(os.path.basename(d) for d in leftover_cell_dirs(basetemp))
-        uids = set()
+        uids, foreign = set(), set()
         for claim in _claims():
             cell_dir = _read(str(claim)).decode(errors="replace")
             if _under(cell_dir, root):
                 cells.add(os.path.basename(cell_dir))
                 uids.add(int(claim.name))
-        return cls(frozenset(cells), frozenset(uids))
+            elif os.path.isdir(cell_dir):
+                foreign.add(int(claim.name))
+        return cls(frozenset(cells), frozenset(uids), frozenset(foreign))
 
     def has(self, p: Process) -> bool:
         return is_cell_process(p) and (p.uid in self.uids or p.cgroup_cell in self.cells)
+
+    def stray(self, p: Process, before: HostSnapshot) -> bool:
+        """A process of the cell range's uid that this session's run made and no live cell
+        claims (see the module's docstring)."""
+        return (
+            p.uid in CELL_UIDS
+            and p.uid not in before.cell_uids
+            and p.uid not in self.foreign_uids
+            and p.uid not in self.uids  # a live cell of ours: judged by `has`
+        )
 
 
 def _claims() -> list[Path]:
@@ -235,12 +291,16 @@ def find_leaks(before: HostSnapshot, basetemp: Path) -> list[str]:
     root = str(basetemp)
     ours = Ours.find(basetemp)
     lineage = _ancestry(os.getpid())
+    marks = (root, f"/{outside_prefix(basetemp)}")
     leaks = []
-    for p in live_processes():
+    processes = {p.pid: p for p in live_processes()}
+    for p in processes.values():
         if p.key in before.processes or p.pid in lineage:
             continue
-        if ours.has(p) or root in p.cmdline:
+        if ours.has(p) or names_session(p, marks, processes):
             leaks.append(f"process {p.pid} (uid {p.uid}): {p.cmdline[:200]}")
+        elif ours.stray(p, before):
+            leaks.append(f"process {p.pid} of unclaimed cell uid {p.uid}: {p.cmdline[:200]}")
     for path in sorted(sandcell_cgroups() - before.cgroups):
         name = os.path.basename(path)
         if name.startswith("sandcell-test-"):

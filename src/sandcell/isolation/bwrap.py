@@ -49,6 +49,32 @@ class Bind:
     writable: bool = False
 
 
+@dataclass(frozen=True)
+class OwnFilesystems:
+    """bwrap's arguments for what the cell has of its own: its root, the generated /etc
+    files, /proc, /dev, /dev/shm and /tmp. `root` comes first (the system is bound onto
+    it), `rest` after the system."""
+
+    root: list[str]
+    rest: list[str]
+
+
+def bwrap_made(etc_data: dict[str, int], scratch: tuple[int, int]) -> OwnFilesystems:
+    """The cell's own filesystems as bwrap makes them itself, for an unprivileged launch (no
+    stage to make them on): tmpfs mounted from inside the cell's user namespace, which the
+    kernel shows with their owner's host uid (`uid=N`, the caller's own uid here). `etc_data`
+    maps generated files to the fds bwrap reads them from; `scratch` is the size in bytes of
+    /tmp and /dev/shm. A root launch stages them instead (staging.own_filesystems)."""
+    rest: list[str] = []
+    for dest, fd in etc_data.items():
+        rest += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
+    tmp_bytes, shm_bytes = scratch
+    rest += ["--proc", "/proc", "--dev", "/dev"]
+    rest += ["--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
+    rest += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
+    return OwnFilesystems([], rest)
+
+
 def _etc_binds(existing: Iterable[str]) -> list[str]:
     args: list[str] = []
     for entry in existing:
@@ -69,19 +95,17 @@ def host_system(links: dict[str, str]) -> list[str]:
 
 def build_argv(
     *,
+    own: OwnFilesystems,
     binds: Iterable[Bind],
     system: list[str],
-    etc_data: dict[str, int],
     env: dict[str, str],
     seccomp_fd: int | None,
-    scratch: tuple[int, int],
     command: list[str],
     chdir: str,
 ) -> list[str]:
-    """`system` builds the read-only root (`host_system` or an image's); `etc_data` maps
-    generated files (passwd, group, hosts) to the fds bwrap reads them from (no host file
-    to name); `env` is the daemon's complete environment; `scratch` is the size in bytes of
-    /tmp and /dev/shm."""
+    """`own` makes the cell's own places (`bwrap_made` or a staged root's); `system` builds
+    the read-only system on it (`host_system` or an image's); `env` is the daemon's complete
+    environment."""
     argv = [
         "bwrap",
         "--unshare-user",
@@ -105,13 +129,7 @@ def build_argv(
     ]
     for name, value in env.items():
         argv += ["--setenv", name, value]
-    argv += system
-    for dest, fd in etc_data.items():
-        argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
-    tmp_bytes, shm_bytes = scratch
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
-    argv += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
+    argv += [*own.root, *system, *own.rest]
     for bind in binds:
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
     if seccomp_fd is not None:

@@ -1,0 +1,176 @@
+"""What a cell's filesystem is made of, and the stage that keeps the host's names out of it.
+
+A cell's / is either the host's system dirs or a built image (SPEC §12), with the daemon's
+runtime, the workspace and the cell's own places (/tmp, /dev, /dev/shm, /proc, the generated
+/etc files) on it. `CellRoot` is the one place where the two kinds of root differ.
+
+As root, the launcher (isolation/launch.py) first builds a stage: a tmpfs of the cell's private
+mount namespace where every host directory the cell sees is mounted under a neutral name, so
+that the cell's mount table (``/proc/self/mountinfo`` shows each mount's root within its
+filesystem, and its options) names nothing of the host (SPEC §3):
+
+- a read-only source (the venv, the code) is shown through a read-only overlay whose lower
+  layers are stage paths: the overlay's root is ``/`` and its options name the stage only;
+- a writable source (the workspace) cannot be an overlay (no upper layer): it is bound as is,
+  which is neutral when it is the root of its own filesystem (the loop-mounted disk image);
+- the cell's own filesystems are mounted there by root, not by bwrap from inside the cell's
+  user namespace: the kernel prints a tmpfs's owner as the host sees it (`uid=200003`), and
+  one that root mounts has none to print.
+
+The stage dies with the private mount namespace, that is with the cell's last process.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandcell.isolation.bwrap import (
+    CELL_UID,
+    CELL_WORKSPACE,
+    SYSTEM_LINKS,
+    Bind,
+    OwnFilesystems,
+    host_system,
+)
+from sandcell.isolation.images import stage as image_stage
+from sandcell.isolation.policy import CellPolicy
+from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
+
+STAGE = "/run/sandcell-stage"
+_EMPTY_LAYER = f"{STAGE}/empty"  # overlayfs wants two lower layers when it has no upper one
+_OWN_ROOT = f"{STAGE}/root"
+# What bwrap's --dev makes, made here instead: the host's harmless nodes, bound; the links.
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = {
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+    "fd": "/proc/self/fd",
+    "core": "/proc/kcore",
+    "ptmx": "pts/ptmx",
+}
+
+# passwd/group/hosts of the cell's own (the host's users are none of its business): written
+# on the stage, or handed to bwrap as memfds: no host file to name in the cell's mount table.
+ETC_FILES = {
+    "passwd": f"root:x:0:0::/:/usr/sbin/nologin\n"
+    f"sandbox:x:{CELL_UID}:{CELL_UID}::{CELL_WORKSPACE}:/bin/sh\n"
+    "nobody:x:65534:65534::/:/usr/sbin/nologin\n",
+    "group": f"root:x:0:\nsandbox:x:{CELL_UID}:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1 localhost sandcell\n::1 localhost ip6-localhost\n",
+    "hostname": "sandcell\n",
+}
+
+
+def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
+    """Bytes of /tmp and /dev/shm. Both are tmpfs, charged to the cell's memory: kept well
+    below memory_mb so that filling them is an ENOSPC for the writer, not an OOM kill."""
+    mib = 1024 * 1024
+    return min(policy.disk_mb, policy.memory_mb // 2) * mib, policy.memory_mb // 8 * mib
+
+
+@dataclass(frozen=True)
+class CellRoot:
+    """What the cell's / is made of: the host's system dirs, or a built image with the
+    daemon's runtime staged beside it (SPEC §12). The one place the two kinds differ."""
+
+    binds: list[Bind]
+    python: list[str]
+    chdir: str
+    image_root: str = ""
+
+    @classmethod
+    def of(cls, cell_dir: Path, policy: CellPolicy) -> CellRoot:
+        """Raises images.stage.StageError when an image's runtime cannot be staged here."""
+        if policy.image_root is None:
+            binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
+            return cls(binds, [cell_python()], CELL_SRC)
+        staged = image_stage.stage_runtime(cell_dir)
+        return cls(staged.binds, staged.python, staged.chdir, policy.image_root)
+
+    def system(self, image_root: str) -> list[str]:
+        """bwrap's arguments for the read-only system; `image_root` as bwrap reaches it."""
+        if not self.image_root:
+            return host_system({p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)})
+        return image_stage.root_args(image_root, sorted(os.listdir(self.image_root)))
+
+
+def cell_binds(
+    cell_dir: Path, root: CellRoot, *, staged: bool
+) -> tuple[list[str], list[Bind], str]:
+    """The launcher's staging lines, bwrap's binds into the cell, and where bwrap finds
+    the image's root (staged like the binds, never bound whole: `root.system` binds its
+    entries). Not `staged` (an unprivileged launch), bwrap binds the host's paths."""
+    wanted = [Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True), *root.binds]
+    if root.image_root:
+        wanted.append(Bind(root.image_root, ""))
+    if not staged:
+        return [], wanted[: len(wanted) - bool(root.image_root)], root.image_root
+    lines, binds = stage(wanted)
+    if not root.image_root:
+        return lines, binds, ""
+    return lines, binds[:-1], binds[-1].source
+
+
+def stage(wanted: Sequence[Bind]) -> tuple[list[str], list[Bind]]:
+    """Shell lines that stage each bind's source, and bwrap's binds from the stage."""
+    lines = [
+        f"mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev sandcell-stage {STAGE}",
+        f"mkdir {_EMPTY_LAYER}",
+    ]
+    binds = []
+    q = shlex.quote
+    for index, bind in enumerate(wanted):
+        staged = f"{STAGE}/{index}"
+        if bind.writable:
+            lines.append(f"mkdir {staged} && mount --bind {q(bind.source)} {staged}")
+        else:
+            lower = f"{STAGE}/lower{index}"
+            lines.append(
+                f"mkdir {lower} {staged} && mount --bind {q(bind.source)} {lower}"
+                f" && mount -t overlay sandcell -o ro,lowerdir={lower}:{_EMPTY_LAYER} {staged}"
+            )
+        binds.append(Bind(staged, bind.dest, bind.writable))
+    return lines, binds
+
+
+def own_filesystems(
+    uid: int, etc_files: dict[str, str], scratch: tuple[int, int]
+) -> tuple[list[str], OwnFilesystems]:
+    """Shell lines that make the cell's own filesystems on the stage, as root, and bwrap's
+    arguments that bind them into the cell; to follow `stage`'s lines.
+
+    bwrap would mount them from inside the cell's user namespace, owned by the cell's host
+    uid, and the kernel shows a tmpfs's owner in its mount options as the initial namespace
+    sees it: `uid=200003` in the cell's mountinfo (SPEC §3: nothing there names the host uid).
+    Mounted by root, they have no owner to show: the root's top directory is chowned to the
+    cell's uid instead (bwrap makes its mount points there; it is read-only once bwrap is
+    done), /tmp and /dev/shm are 1777. /dev holds what bwrap's --dev would (the host's
+    harmless nodes, bound; a devpts instance of the cell's own; the usual links), so ptys
+    still work. `etc_files` (name -> content) are written on the stage and bound read-only
+    onto /etc; `scratch` is the size in bytes of /tmp and /dev/shm."""
+    q = shlex.quote
+    root, dev = _OWN_ROOT, f"{_OWN_ROOT}/dev"
+    tmp_bytes, shm_bytes = scratch
+    lines = [
+        f"mkdir {root} && mount -t tmpfs -o mode=0755,size=1m,nosuid,nodev sandcell {root}",
+        f"mkdir {root}/tmp {dev} && chown {uid}:{uid} {root}",  # noqa: S108 - the cell's
+        f"mount -t tmpfs -o mode=1777,size={tmp_bytes},nosuid,nodev sandcell {root}/tmp",  # noqa: S108
+        f"mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev sandcell {dev}",
+        *(f"touch {dev}/{n} && mount --bind /dev/{n} {dev}/{n}" for n in DEV_NODES),
+        *(f"ln -s {q(target)} {dev}/{name}" for name, target in DEV_LINKS.items()),
+        f"mkdir {dev}/shm {dev}/pts",
+        f"mount -t tmpfs -o mode=1777,size={shm_bytes},nosuid,nodev sandcell {dev}/shm",
+        f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts {dev}/pts",
+    ]
+    rest = []
+    for name, content in etc_files.items():
+        staged = f"{STAGE}/etc-{name}"
+        lines.append(f"printf %s {q(content)} > {staged} && chmod 0644 {staged}")
+        rest += ["--ro-bind", staged, f"/etc/{name}"]
+    rest += ["--proc", "/proc"]
+    return lines, OwnFilesystems(["--dev-bind", root, "/"], rest)
