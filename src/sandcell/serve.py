@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from sandcell import tokens
 from sandcell.banner import print_banner, store_label
@@ -71,7 +72,7 @@ async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Back
 
 KEEP_ALIVE_S = 75
 # After SIGTERM or SIGINT, requests in flight get this long to finish; then they are cut.
-GRACE_S = 10.0
+GRACE_S = 10
 STARTUP_FAILURE = 3  # uvicorn's exit code when it cannot start
 log = logging.getLogger("sandcell.serve")
 
@@ -175,8 +176,8 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             reap_interval_s=settings.reap_interval_s,
             images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
             snapshot_quota_bytes=settings.snapshot_quota_mb * MIB,
-        )
             max_paused_per_key=settings.max_paused_per_key,
+        )
         limits = Limits(
             max_inflight=settings.max_inflight,
             max_sandboxes_per_key=settings.max_sandboxes_per_key,
@@ -190,10 +191,11 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
         router = Router(store, manager, limits)
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
-        app = create_app(router)
-        e2b.mount(app)  # E2B's wire protocol under /e2b (SPEC §14)
-        if settings.preview_domain:
-            app = PreviewHosts(app, settings.preview_domain)
+        api = create_app(router)
+        e2b.mount(api)  # E2B's wire protocol under /e2b (SPEC §14)
+        app: ASGIApp = (
+            PreviewHosts(api, settings.preview_domain) if settings.preview_domain else api
+        )
         config = uvicorn.Config(
             app,
             host=settings.host,

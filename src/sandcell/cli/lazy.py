@@ -13,7 +13,7 @@ import typer.main
 from typer.core import TyperGroup
 
 if TYPE_CHECKING:
-    from typer._click import Command
+    from typer._click import Command, Context
 
 
 class LazyGroup(TyperGroup):
@@ -22,11 +22,11 @@ class LazyGroup(TyperGroup):
 
     homes: ClassVar[dict[str, str]] = {}
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         loaded = super().list_commands(ctx)
         return [*loaded, *(name for name in self.homes if name not in loaded)]
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Command | None:
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         home = self.homes.get(cmd_name)
         if home is not None and cmd_name not in self.commands:
             self.commands.update(commands_of(home))

@@ -29,7 +29,7 @@ from sandcell.client.errors import SandboxUnreachableError, error_from_reply
 
 if TYPE_CHECKING:
     from sandcell.client import Sandbox
-    from sandcell.client.processes import CommandHandleBase
+    from sandcell.client.processes import CommandHandle
 
 READ_CHUNK = 65_536
 CONNECT_TIMEOUT_S = 10.0
@@ -62,7 +62,7 @@ def interactive(
 
 
 @contextlib.contextmanager
-def _attached(handle: CommandHandleBase) -> Iterator[ClientConnection]:
+def _attached(handle: CommandHandle) -> Iterator[ClientConnection]:
     """The WebSocket attach; a refused upgrade raises the API's error like any call."""
     url, headers = handle.attach_target()
     try:
@@ -81,7 +81,7 @@ def _attached(handle: CommandHandleBase) -> Iterator[ClientConnection]:
 
 
 def _session(
-    ws: ClientConnection, handle: CommandHandleBase, stdin_fd: int, stdout_fd: int, pty: bool
+    ws: ClientConnection, handle: CommandHandle, stdin_fd: int, stdout_fd: int, pty: bool
 ) -> int:
     wake_r, wake_w = os.pipe()
     outcome: dict[str, Any] = {}
@@ -125,7 +125,7 @@ def _pump_output(ws: ClientConnection, stdout_fd: int, outcome: dict[str, Any], 
 
 def _pump_input(
     ws: ClientConnection,
-    handle: CommandHandleBase,
+    handle: CommandHandle,
     stdin_fd: int,
     wake: int,
     pty: bool,

@@ -90,7 +90,7 @@ class AsyncTransport:
         raise TypeError(f"unknown effect {effect!r}")
 
     async def _send(self, req: Request, run: OpRun[Any]) -> Reply:
-        content = req.content
+        content: Any = req.content  # bytes, None, or an upload's chunks
         if isinstance(content, FileUpload):
             content = self._upload_body(content, run)
             run.resources.append(content)

@@ -83,8 +83,8 @@ class classoperation(_Descriptor[P, T]):
     @overload
     def __get__(self, obj: Any, owner: type[AsyncBound]) -> Callable[P, Coroutine[Any, Any, T]]: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        owner = owner or type(obj)
-        return self._wrap(owner._bind_class(self.fn, adopt=False), owner._returns)
+        cls: Any = owner or type(obj)  # a SyncBound or AsyncBound subclass
+        return self._wrap(cls._bind_class(self.fn, adopt=False), cls._returns)
 
 
 class constructor(_Descriptor[P, Any]):
@@ -95,9 +95,9 @@ class constructor(_Descriptor[P, Any]):
     @overload
     def __get__(self, obj: Any, owner: type[A]) -> Callable[P, _Opening[A]]: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        owner = owner or type(obj)
-        method = owner._bind_class(self.fn, adopt=True)
-        return self._wrap(method, owner._constructs.format(owner.__name__))
+        cls: Any = owner or type(obj)  # a SyncBound or AsyncBound subclass
+        method = cls._bind_class(self.fn, adopt=True)
+        return self._wrap(method, cls._constructs.format(cls.__name__))
 
 
 class SyncBound:

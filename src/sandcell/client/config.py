@@ -67,7 +67,7 @@ class ClientConfig:
             url=os.environ.get(URL_ENV) or DEFAULT_URL,
             api_key=os.environ.get(API_KEY_ENV) or None,
         )
-        changes = {}
+        changes: dict[str, Any] = {}
         if url:
             changes["url"] = url
         if api_key:

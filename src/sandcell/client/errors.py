@@ -250,7 +250,9 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 def error_from_reply(status: int, headers: Mapping[str, str], body: bytes) -> SandcellError:
     """The exception for a non-2xx reply."""
-    code, message, details = None, None, {}
+    code: str | None = None
+    message: str | None = None
+    details: dict[str, Any] = {}
     try:
         err = json.loads(body)["error"]
         code, message = str(err["code"]), str(err.get("message") or "")

@@ -25,9 +25,16 @@ def network_policy(
 
 
 class NetworkOperations:
-    id: str
+    """What it needs of the sandbox it is mixed into (SandboxBase)."""
+
     _info: SandboxInfo
-    _policy: RetryPolicy
+
+    if TYPE_CHECKING:
+
+        @property
+        def id(self) -> str: ...
+        @property
+        def _policy(self) -> RetryPolicy: ...
 
     @operation
     def set_network(self, policy: Mapping[str, Any]) -> Op[SandboxInfo]:

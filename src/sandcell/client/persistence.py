@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 class _ClassOrInstance:
     """`Sandbox.resume(id)` on the class (a new object), `sbx.resume()` on an instance."""
 
-    def __init__(self, on_class: constructor[..., Any], on_instance: operation[..., Any]) -> None:
+    def __init__(self, on_class: constructor[...], on_instance: operation[..., Any]) -> None:
         self.on_class, self.on_instance = on_class, on_instance
         self.__doc__ = on_instance.__doc__
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:
             return self.on_class.__get__(None, owner)
         return self.on_instance.__get__(obj, owner)
@@ -53,9 +53,17 @@ def _resume(self: Any) -> Op[SandboxInfo]:
 
 
 class PersistenceOperations:
-    id: str
+    """What it needs of the sandbox it is mixed into (SandboxBase)."""
+
     _info: SandboxInfo
-    _policy: RetryPolicy
+
+    if TYPE_CHECKING:
+
+        @property
+        def id(self) -> str: ...
+        @property
+        def _policy(self) -> RetryPolicy: ...
+
     _transport: Any
 
     @operation
@@ -92,7 +100,8 @@ class PersistenceOperations:
     def fork(self) -> Any:
         """`fork_of(self.id)`: a new sandbox (awaitable on `AsyncSandbox`) on a copy of this
         one's files; this one runs on untouched."""
-        return type(self).fork_of(self.id, config=self._transport.config)  # type: ignore[attr-defined]
+        cls: Any = type(self)  # Sandbox or AsyncSandbox, each with its fork_of
+        return cls.fork_of(self.id, config=self._transport.config)
 
     @classoperation
     def list_snapshots(

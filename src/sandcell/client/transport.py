@@ -180,7 +180,7 @@ class SyncTransport:
         return job
 
     def _send(self, req: Request, run: OpRun[Any]) -> Reply:
-        content = req.content
+        content: Any = req.content  # bytes, None, or an upload's chunks
         if isinstance(content, FileUpload):
             content = self._upload_body(content, run)
         try:

@@ -8,7 +8,7 @@ streamed (chunked) responses are written as before.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -48,4 +48,4 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         previous = self.cycle
         super().on_headers_complete()
         if self.cycle is not previous:  # a new cycle, whose task has not run yet
-            self.cycle.transport = HeadWithBody(self.transport, self.cycle)
+            self.cycle.transport = cast(Any, HeadWithBody(self.transport, self.cycle))

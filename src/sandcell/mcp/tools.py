@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context, MCPServer
@@ -50,7 +50,7 @@ async def _sandbox(ctx: Context, sandbox_id: str | None) -> AsyncIterator[AsyncS
 
 
 def _sessions(ctx: Context) -> SessionSandboxes:
-    return ctx.request_context.lifespan_context
+    return cast(SessionSandboxes, ctx.request_context.lifespan_context)
 
 
 def _connection(ctx: Context) -> Connection:
