@@ -22,9 +22,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
-
+from sandcell.cli.websocket import Closed, Refused, WebSocket, connect
 from sandcell.client.errors import SandboxUnreachableError, error_from_reply
 
 if TYPE_CHECKING:
@@ -62,27 +60,22 @@ def interactive(
 
 
 @contextlib.contextmanager
-def _attached(handle: CommandHandle) -> Iterator[ClientConnection]:
+def _attached(handle: CommandHandle) -> Iterator[WebSocket]:
     """The WebSocket attach; a refused upgrade raises the API's error like any call."""
     url, headers = handle.attach_target()
     try:
-        ws = connect(
-            url, additional_headers=headers, open_timeout=CONNECT_TIMEOUT_S, compression=None
-        )
-    except InvalidStatus as exc:
-        answer = exc.response
-        raise error_from_reply(
-            answer.status_code, answer.headers, bytes(answer.body or b"")
-        ) from None
-    except InvalidHandshake as exc:
+        ws = connect(url, headers, CONNECT_TIMEOUT_S)
+    except Refused as exc:
+        raise error_from_reply(exc.status, exc.headers, exc.body) from None
+    except OSError as exc:
         raise SandboxUnreachableError(f"the WebSocket upgrade failed: {exc}") from None
-    with ws:
+    try:
         yield ws
+    finally:
+        ws.close()
 
 
-def _session(
-    ws: ClientConnection, handle: CommandHandle, stdin_fd: int, stdout_fd: int, pty: bool
-) -> int:
+def _session(ws: WebSocket, handle: CommandHandle, stdin_fd: int, stdout_fd: int, pty: bool) -> int:
     wake_r, wake_w = os.pipe()
     outcome: dict[str, Any] = {}
     reader = threading.Thread(
@@ -105,9 +98,9 @@ def _session(
     return int(outcome["exit"].get("exit_code") or 0)
 
 
-def _pump_output(ws: ClientConnection, stdout_fd: int, outcome: dict[str, Any], wake: int) -> None:
+def _pump_output(ws: WebSocket, stdout_fd: int, outcome: dict[str, Any], wake: int) -> None:
     try:
-        for message in ws:
+        for message in ws.messages():
             if isinstance(message, bytes):
                 _write_all(stdout_fd, message)
                 continue
@@ -116,7 +109,7 @@ def _pump_output(ws: ClientConnection, stdout_fd: int, outcome: dict[str, Any], 
                 outcome["exit"] = event
             elif event.get("type") == "error":
                 outcome["error"] = event.get("message")
-    except (ConnectionClosed, OSError, ValueError) as exc:
+    except (Closed, OSError, ValueError) as exc:
         outcome.setdefault("error", str(exc))
     finally:
         with contextlib.suppress(OSError):
@@ -124,7 +117,7 @@ def _pump_output(ws: ClientConnection, stdout_fd: int, outcome: dict[str, Any], 
 
 
 def _pump_input(
-    ws: ClientConnection,
+    ws: WebSocket,
     handle: CommandHandle,
     stdin_fd: int,
     wake: int,
