@@ -5,8 +5,11 @@ msgspec Structs, starts without it."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.requests import Request
 
@@ -16,6 +19,17 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 ModelT = TypeVar("ModelT", bound="BaseModel")
+# The deepest nesting of arrays and objects a client's JSON may have. Parsers recurse (the
+# stdlib's and msgspec's raise RecursionError near 1,000 levels, pydantic's near 200), and so
+# does whatever walks the value later; no body sandcell or a façade's SDK sends comes close.
+MAX_JSON_DEPTH = 64
+MAX_JSON_CONTAINERS = 10_000  # arrays and objects in one body (no SDK sends a hundred)
+# A JSON string once its escaped backslashes and quotes are gone: the brackets inside one do
+# not nest.
+_JSON_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKET = bytes(range(256)).translate(None, b"[]{}")
+_SQUARE = bytes.maketrans(b"{}", b"[]")  # which kind of bracket is the parser's concern
+_STEP = bytes.maketrans(b"[]", b"\x01\xff")  # +1 and -1 as signed bytes
 # Scope key of the request's share of a byte budget for buffered bodies (the router sets it
 # once it knows who is calling; without one, only `limit` bounds a body).
 BODY_BUDGET = "sandcell.body_budget"
@@ -67,7 +81,52 @@ async def stream_body(request: Request) -> AsyncIterator[bytes]:
             yield chunk
 
 
+def _brackets(raw: bytes) -> bytes:
+    """The JSON's brackets in order, all made square, outside its strings; C-speed string
+    operations over the bytes, no recursion and no objects. On a body that is not JSON they
+    are, up to its first error (where any parser stops), the very ones a parser meets."""
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return _JSON_STRING.sub(b"", unescaped).translate(_SQUARE, _NOT_BRACKET)
+
+
+def json_value(
+    raw: bytes, max_depth: int = MAX_JSON_DEPTH, max_containers: int = MAX_JSON_CONTAINERS
+) -> Any:
+    """The JSON value in `raw`, or a 400: not JSON, nested deeper than `max_depth` (which
+    ends in a RecursionError, a 500, in a parser or in what walks the value), or with more
+    than `max_containers` arrays and objects (a megabyte of `[],` costs the parser seconds
+    of the event loop, in the garbage collector). Both are checked before parsing."""
+    brackets = _brackets(raw)
+    # Without its empty pairs (most of them go at once) the body is one level shallower:
+    # each of its deepest pairs was one. A run of `max_depth` openers there, the usual
+    # attack, is found in one pass; else the levels are summed (a few thousand at most).
+    inner = brackets.replace(b"[]", b"")
+    deep = b"[" * max_depth in inner
+    if not deep and brackets.count(b"[") > max_containers:
+        raise SandcellError(
+            ErrorCode.BAD_REQUEST,
+            f"the JSON has more than {max_containers} arrays and objects",
+            {"max_containers": max_containers},
+        )
+    if deep or (
+        len(inner) >= max_depth
+        and max(accumulate(memoryview(inner.translate(_STEP)).cast("b"))) >= max_depth
+    ):
+        raise SandcellError(
+            ErrorCode.BAD_REQUEST,
+            f"the JSON is nested deeper than {max_depth}",
+            {"max_depth": max_depth},
+        )
+    try:
+        return json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError is one
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
+
+
 def parse_model(model: type[ModelT], body: bytes) -> ModelT:
+    """The body as `model`, or a 400 listing what is wrong. Needs no `json_value` checks:
+    pydantic's parser refuses nesting past ~200 levels itself (a 400 here), and its typed
+    fields take no deeper value than their type (the free-form ones are small bodies)."""
     from pydantic import ValidationError  # loaded already: `model` is a pydantic model
 
     if not body:

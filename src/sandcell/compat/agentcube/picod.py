@@ -3,7 +3,9 @@
 - `POST api/execute` `{command: [argv] or str, timeout: "30s", working_dir, env}`:
   `POST /v1/exec`, answered `{stdout, stderr, exit_code, duration, start_time, end_time}`
 - `POST api/files`, JSON `{path, content: base64, mode}` or multipart (`path`, `file`):
-  `PUT /v1/files?path=`, answered `{path, size, mode, modified}`
+  `PUT /v1/files?path=`, answered `{path, size, mode, modified}`. A form is read as it
+  arrives (`sandcell.http.multipart`), its file streamed on to the daemon once `path` is
+  known (a `file` sent before `path` is held, bounded, until it comes)
 - `GET api/files?path=D`: `GET /v1/files/list`, answered `{files: [{name, size, modified,
   mode, is_dir}]}`
 - `GET api/files/<path>`: `GET /v1/files?path=`, the bytes streamed
@@ -19,10 +21,8 @@ import binascii
 import json
 import re
 import stat
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from email.message import Message
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any
 from urllib.parse import quote
 
@@ -32,11 +32,22 @@ from starlette.responses import JSONResponse, Response
 
 from sandcell.compat.agentcube import daemon
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import parse_model, read_body
+from sandcell.http.bodies import (
+    BODY_BUDGET,
+    BodyBudget,
+    parse_model,
+    read_body,
+    stream_body,
+    too_large,
+)
+from sandcell.http.multipart import FormLimits, FormReader, Part, drain
+from sandcell.router.core import Call
 from sandcell.store import SandboxRecord
 
 MAX_JSON_BODY = 8 * 1_048_576
 MAX_UPLOAD_BODY = 64 * 1_048_576
+# PicoD's form has `path`, `file` and `mode`; a few more parts are skipped, not hundreds.
+FORM = FormLimits(max_parts=16, max_field_bytes=4_096)
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 86_400.0
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -101,14 +112,68 @@ async def execute(request: Request, record: SandboxRecord, _: str) -> Response:
 async def upload(request: Request, record: SandboxRecord, _: str) -> Response:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
-        body = await read_body(request, MAX_UPLOAD_BODY)
-        path, data = _multipart_file(content_type, body)
+        try:
+            entry = await _form_upload(request, record, content_type)
+        except SandcellError:
+            await drain(request)
+            raise
     else:
         req = parse_model(UploadRequest, await read_body(request, MAX_UPLOAD_BODY))
-        path, data = req.path, _base64(req.content)
-    target = _file_target(path)
-    entry = await daemon.json_of(request, record, "PUT", target, data, "application/octet-stream")
+        target = _file_target(req.path)
+        entry = await daemon.json_of(
+            request, record, "PUT", target, _base64(req.content), "application/octet-stream"
+        )
     return JSONResponse(_file_info(entry))
+
+
+async def _form_upload(request: Request, record: SandboxRecord, content_type: str) -> Any:
+    """The daemon's entry for the form's file, written at its `path` (the first of each
+    field counts, as in PicoD's Go form parsing; other fields, `mode` too, are skipped)."""
+    path: str | None = None
+    held: bytes | None = None
+    entry: Any = None
+    async for part in FormReader(content_type, stream_body(request), FORM).parts():
+        if part.name == "path" and path is None:
+            path = await part.text()
+            if not path:
+                raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' field")
+        elif part.name == "file" and entry is None and held is None:
+            if path is None:
+                held = await _held(request, part)
+            else:
+                entry = await _put(request, record, path, part.chunks())
+    if path is None or (entry is None and held is None):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "a multipart upload needs 'path' and 'file'")
+    if entry is None and held is not None:
+        target = _file_target(path)
+        entry = await daemon.json_of(
+            request, record, "PUT", target, held, "application/octet-stream"
+        )
+    return entry
+
+
+async def _held(request: Request, part: Part) -> bytes:
+    """A file part that came before `path`: held until it does, bounded as a JSON upload's
+    body is and paid for from the caller's byte budget in the same way."""
+    budget: BodyBudget | None = request.scope.get(BODY_BUDGET)
+    data = bytearray()
+    async for chunk in part.chunks():
+        data += chunk
+        if len(data) > MAX_UPLOAD_BODY:
+            raise too_large(MAX_UPLOAD_BODY)
+        if budget is not None:
+            budget.cover(len(data))
+    return bytes(data)
+
+
+async def _put(
+    request: Request, record: SandboxRecord, path: str, chunks: AsyncIterator[bytes]
+) -> Any:
+    """The file written from `chunks` as they arrive: a streamed `Call` through the router
+    core (`daemon.call` sends whole bodies only), bounded by the daemon's disk quota."""
+    headers = [(b"content-type", b"application/octet-stream")]
+    call = Call("PUT", _file_target(path), headers, None, chunks)
+    return await (await request.app.state.router.send(record, call)).json()
 
 
 def _base64(content: str) -> bytes:
@@ -116,24 +181,6 @@ def _base64(content: str) -> bytes:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         raise SandcellError(ErrorCode.BAD_REQUEST, "content is not valid base64") from None
-
-
-def _multipart_file(content_type: str, body: bytes) -> tuple[str, bytes]:
-    """(path, file bytes) of a PicoD multipart upload: fields `path` and `file`."""
-    head = f"Content-Type: {content_type}\r\n\r\n".encode()
-    message = BytesParser(policy=HTTP).parsebytes(head + body)
-    fields: dict[str, Message] = {}
-    if message.is_multipart():
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            if isinstance(name, str):
-                fields.setdefault(name, part)
-    if "path" not in fields or "file" not in fields:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "a multipart upload needs 'path' and 'file'")
-    path = (fields["path"].get_payload(decode=True) or b"").decode("utf-8", "replace")
-    if not path:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' field")
-    return path, fields["file"].get_payload(decode=True) or b""
 
 
 async def list_files(request: Request, record: SandboxRecord, _: str) -> Response:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
 
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import read_body
+from sandcell.http.bodies import json_value, read_body
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
-    """The JSON object in `raw` ({} when empty, as Connect sends for an empty message)."""
-    try:
-        value = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
+    """The JSON object in `raw` ({} when empty, as Connect sends for an empty message).
+    Parsed by `json_value`, bounded in depth and size, so a hostile body is a 400 in the
+    caller's shape (Connect's `invalid_argument`, or E2B's REST error), never a 500."""
+    value = json_value(raw) if raw.strip() else {}
     if not isinstance(value, dict):
         raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     return value

@@ -1,11 +1,16 @@
-"""envd's REST `/files`: downloads and uploads (raw octet-stream or multipart form)."""
+"""envd's REST `/files`: downloads and uploads (raw octet-stream or multipart form).
+
+Every upload streams on to the daemon as it arrives, bounded there by the template's disk
+quota: a raw body as it is, a gzip body inflated piece by piece, a form read part by part
+(`sandcell.http.multipart`), each file part sent as its own upload while the rest of the
+form is still on its way. Nothing holds a whole body, and no parse holds the event loop.
+"""
 
 from __future__ import annotations
 
 import zlib
-from email.message import Message
-from email.parser import BytesParser
-from email.policy import HTTP
+from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -13,12 +18,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
 from sandcell.errors import ErrorCode, SandcellError
-from sandcell.http.bodies import read_body, too_large
+from sandcell.http.bodies import declared_length, stream_body, too_large
+from sandcell.http.multipart import FormLimits, FormReader, drain
+from sandcell.router.core import Call
 from sandcell.store import SandboxRecord
 
-# Raw uploads stream through to the daemon, bounded by the template's disk quota there. Forms
-# and gzip bodies are read (and inflated) here first, so they have a bound of their own.
+# A gzip body inflates to at most this much (a small bomb cannot grow past it on its way).
 MAX_UPLOAD = 32 * 1_048_576
+INFLATE_STEP = 65_536  # bytes inflated at a time
+# Files in one form: the e2b SDK sends one part per file of a `write_files` call (envd
+# reads only the parts named "file"; the others are skipped, and count too).
+FORM = FormLimits(max_parts=1_000)
 
 
 async def download(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
@@ -27,52 +37,77 @@ async def download(gateway: Gateway, record: SandboxRecord, request: Request) ->
     return StreamingResponse(response.chunks(), media_type="application/octet-stream")
 
 
-def _parts(content_type: str, body: bytes) -> list[tuple[str | None, bytes]]:
-    """(filename, bytes) of each part of a multipart form, by the stdlib's MIME parser."""
-    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
-    message = BytesParser(policy=HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the multipart form cannot be read")
-    parts: list[Message] = list(message.iter_parts())  # type: ignore[attr-defined]
-    return [(p.get_filename(), p.get_payload(decode=True) or b"") for p in parts]
-
-
-def _decoded(body: bytes, encoding: str) -> bytes:
-    """The upload as written: `gzip=True` uploads arrive gzip-encoded. Inflated with a bound,
-    so a small bomb cannot grow past the upload limit in memory."""
-    if encoding in ("", "identity"):
-        return body
-    if encoding != "gzip":
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"unsupported Content-Encoding {encoding!r}")
+async def _inflated(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The upload as written: `gzip=True` uploads arrive gzip-encoded. Inflated as the
+    body comes, a step at a time, and refused (413) once past `limit`."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = inflater.decompress(body, MAX_UPLOAD + 1)
-    except zlib.error as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the gzip body cannot be read") from exc
-    if len(data) > MAX_UPLOAD or inflater.unconsumed_tail:
-        raise too_large(MAX_UPLOAD)
-    return data
+    size = 0
+    async for chunk in chunks:
+        data = chunk
+        while data and not inflater.eof:
+            try:
+                out = inflater.decompress(data, INFLATE_STEP)
+            except zlib.error as exc:
+                raise SandcellError(ErrorCode.BAD_REQUEST, "the gzip body cannot be read") from exc
+            data = inflater.unconsumed_tail
+            size += len(out)
+            if size > limit:
+                raise too_large(limit)
+            if out:
+                yield out
+    if not inflater.eof:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the gzip body is cut short")
 
 
 async def _put(
-    gateway: Gateway, record: SandboxRecord, path: str | None, data: bytes | Request
+    gateway: Gateway,
+    record: SandboxRecord,
+    path: str | None,
+    chunks: AsyncIterator[bytes],
+    length: int | None = None,
 ) -> dict[str, str]:
+    """One file written from `chunks` as they come (chunked to the daemon unless `length`
+    is known); sent as a streamed `Call` through the router core, which `Gateway.daemon`
+    offers only for a whole request's body."""
     if not path:
         raise SandcellError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
-    query = {"path": to_workspace(path)}
-    entry = await gateway.json(record, "PUT", "files", body=data, query=query)
+    target = "/v1/files?" + urlencode({"path": to_workspace(path)})
+    call = Call("PUT", target, [], None, chunks, length)
+    entry = await (await gateway.router.send(record, call)).json()
     return {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
+
+
+async def _form(
+    gateway: Gateway,
+    record: SandboxRecord,
+    content_type: str,
+    body: AsyncIterator[bytes],
+    query_path: str | None,
+) -> list[dict[str, str]]:
+    """Each part named "file" written as it arrives, at the query's path or its filename."""
+    written = []
+    async for part in FormReader(content_type, body, FORM).parts():
+        if part.name == "file":
+            written.append(await _put(gateway, record, query_path or part.filename, part.chunks()))
+    return written
 
 
 async def upload(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
     content_type = request.headers.get("content-type", "application/octet-stream")
     encoding = request.headers.get("content-encoding", "").strip().lower()
     query_path = request.query_params.get("path")
-    if not content_type.startswith("multipart/") and encoding in ("", "identity"):
-        return JSONResponse([await _put(gateway, record, query_path, request)])
-    body = _decoded(await read_body(request, MAX_UPLOAD), encoding)
-    if content_type.startswith("multipart/"):
-        files = [(query_path or name, data) for name, data in _parts(content_type, body)]
-    else:
-        files = [(query_path, body)]
-    return JSONResponse([await _put(gateway, record, path, data) for path, data in files])
+    if encoding not in ("", "identity", "gzip"):
+        raise SandcellError(ErrorCode.BAD_REQUEST, f"unsupported Content-Encoding {encoding!r}")
+    body = stream_body(request)
+    length = declared_length(request)
+    if encoding == "gzip":
+        body, length = _inflated(body, MAX_UPLOAD), None
+    try:
+        if content_type.startswith("multipart/"):
+            written = await _form(gateway, record, content_type, body, query_path)
+        else:
+            written = [await _put(gateway, record, query_path, body, length)]
+    except SandcellError:
+        await drain(request)
+        raise
+    return JSONResponse(written)
