@@ -84,6 +84,8 @@ def _object(raw: bytes, what: str) -> dict[str, Any]:
         value = json.loads(raw, parse_constant=_no_constant)
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, NaN/Infinity
         raise JWSError(f"invalid {what}: {exc}") from exc
+    except RecursionError:  # nested deeper than the parser recurses: no token's shape
+        raise JWSError(f"invalid {what}: nested too deeply") from None
     if not isinstance(value, dict):
         raise JWSError(f"invalid {what}: not a JSON object")
     return value

@@ -49,6 +49,8 @@ def test_es256_signature_is_raw_r_s():
         lambda t: "é" + t,
         lambda t: _b64(b"[1]") + t[t.index(".") :],  # header not an object
         lambda t: _b64(b'{"alg":"ES256","crit":["b64"]}') + t[t.index(".") :],
+        lambda t: _b64(b"[" * 50_000 + b"]" * 50_000) + t[t.index(".") :],  # past recursion
+        lambda t: t[: t.index(".") + 1] + _b64(b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
     ],
 )
 def test_malformed_refused(mangle):

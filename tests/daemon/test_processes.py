@@ -147,6 +147,23 @@ def test_websocket_session_on_a_pty(daemon: RunningDaemon, client: DaemonClient)
     }
 
 
+def test_a_control_frame_nested_past_the_parsers_depth_is_an_error_frame(
+    daemon: RunningDaemon, client: DaemonClient
+):
+    pid = start(client, ["/bin/sh"], pty={"cols": 80, "rows": 24})
+    with attach(daemon, pid) as ws:
+        ws.send("[" * 100_000 + "]" * 100_000)
+        while isinstance(frame := ws.recv(timeout=10), bytes):
+            pass  # the shell's prompt
+        error = json.loads(frame)
+        assert error["type"] == "error" and error["code"] == "BAD_REQUEST"
+        ws.send(b"echo $((6*7)); exit 0\n")  # the session goes on
+        seen = b""
+        while b"42\r\n" not in seen:
+            frame = ws.recv(timeout=10)
+            seen += frame if isinstance(frame, bytes) else b""
+
+
 def test_websocket_without_valid_token_is_refused_before_upgrade(
     daemon: RunningDaemon, client: DaemonClient, kill_all: None
 ):

@@ -70,7 +70,7 @@ async def _receive_input(websocket: WebSocket, process: Process) -> None:
 def _control(process: Process, text: str) -> None:
     try:
         message: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         raise SandcellError(ErrorCode.BAD_REQUEST, "control frames are JSON") from None
     if not isinstance(message, dict) or message.get("type") != "resize":
         raise SandcellError(ErrorCode.BAD_REQUEST, 'the only control frame is {"type": "resize"}')
