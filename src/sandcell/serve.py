@@ -16,7 +16,6 @@ from starlette.types import ASGIApp
 
 from sandcell import tokens
 from sandcell.banner import print_banner, store_label
-from sandcell.compat import e2b
 from sandcell.http.guard import guarded_protocol
 from sandcell.logs import configure as configure_logging
 from sandcell.logs import counted, quiet_repeats
@@ -192,7 +191,6 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
         api = create_app(router)
-        e2b.mount(api)  # E2B's wire protocol under /e2b (SPEC §14)
         app: ASGIApp = (
             PreviewHosts(api, settings.preview_domain) if settings.preview_domain else api
         )

@@ -1,13 +1,16 @@
 """Property-based fuzzing of the router's and the daemon's HTTP APIs from their own OpenAPI
 documents (schemathesis generates; we sign, send and judge).
 
-Three targets, each in schemathesis' positive (schema-valid) and negative (schema-violating)
+Four targets, each in schemathesis' positive (schema-valid) and negative (schema-violating)
 modes: the router's own API; the daemon's /v1 API reached through the router, into a real cell;
-and a bare daemon's whole API with correctly signed request tokens (every operation but exec,
-which runs only inside the cell). Every case must answer within its timeout, never with a 5xx,
-every error in the SPEC's shape, every success as the document says.
+a bare daemon's whole API with correctly signed request tokens (every operation but exec,
+which runs only inside the cell); and the E2B façade's operations under /e2b (in the router's
+document), with a real key, sandbox and access token. Every case must answer within its
+timeout, never with a 5xx, every error in the SPEC's shape (E2B's shapes under /e2b), every
+success as the document says.
 
-SANDCELL_FUZZ_EXAMPLES sets the examples per operation and mode (default 25);
+SANDCELL_FUZZ_EXAMPLES sets the examples per operation and mode (default 25),
+SANDCELL_FUZZ_FACADE_EXAMPLES those of the façade's operations (default 12);
 SANDCELL_FUZZ_RANDOM=1 draws new cases instead of the same ones on every run.
 """
 
@@ -35,6 +38,7 @@ from support.daemons import RunningDaemon, launch_daemon
 from support.server import RunningServer
 
 EXAMPLES = int(os.environ.get("SANDCELL_FUZZ_EXAMPLES", "25"))
+FACADE_EXAMPLES = int(os.environ.get("SANDCELL_FUZZ_FACADE_EXAMPLES", "12"))
 DERANDOMIZE = os.environ.get("SANDCELL_FUZZ_RANDOM") != "1"
 CASE_TIMEOUT_S = 30
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
@@ -46,6 +50,10 @@ NOT_ON_THE_HOST = {("POST", "/v1/exec"), ("POST", "/v1/processes")} | {
 }
 # SPEC §11: nothing listening on an exposed port is a 502, by contract.
 PORT_PATHS = ("/v1/ports/", "/p/", "/_preview-host/", "/v1/sandboxes/{sandbox_id}/ports/")
+E2B = "/e2b/"
+E2B_CONNECT = ("/e2b/process.", "/e2b/filesystem.")
+E2B_CONTROL = ("/e2b/sandboxes", "/e2b/v2/sandboxes")
+E2B_INTERPRETER = ("/e2b/execute", "/e2b/contexts")
 
 
 # -- the OpenAPI documents -----------------------------------------------------------------------
@@ -149,6 +157,39 @@ def _prepare(case: schemathesis.Case, base_url: str) -> httpx.Request | None:
         return None
 
 
+def assert_e2b_error_shape(path: str, response: httpx.Response) -> dict:
+    """E2B's shapes (compat/e2b/errors.py): `{"code": <the status>, "message"}` on REST and
+    control routes, `{"code": <Connect's lower-case name>, "message"}` on Connect RPC."""
+    body = response.json()
+    assert set(body) == {"code", "message"}, body
+    assert isinstance(body["message"], str) and body["message"], body
+    if path.startswith(E2B_CONNECT):
+        assert isinstance(body["code"], str) and body["code"].islower(), body
+    else:
+        assert body["code"] == response.status_code, body
+    assert "Traceback" not in response.text
+    return body
+
+
+def assert_connect_stream(response: httpx.Response) -> None:
+    """A whole Connect server stream: envelopes, the last one its end (flag 0x02), whose
+    error, if any, is in Connect's shape."""
+    data, end = response.content, None
+    while data:
+        assert len(data) >= 5, data
+        flags, length = data[0], int.from_bytes(data[1:5], "big")
+        assert len(data) >= 5 + length, data
+        message = json.loads(data[5 : 5 + length])
+        data = data[5 + length :]
+        if flags & 0x02:
+            assert not data, "nothing may follow the end of the stream"
+            end = message
+    assert end is not None, "the stream has no end message"
+    if "error" in end:
+        assert set(end["error"]) == {"code", "message"}, end
+        assert isinstance(end["error"]["code"], str), end
+
+
 def _judge(case: schemathesis.Case, response: httpx.Response, validate: bool) -> None:
     if response.status_code == 502 and case.path.startswith(PORT_PATHS):
         assert response.json()["error"]["code"] == "SANDBOX_UNREACHABLE", response.text
@@ -158,7 +199,12 @@ def _judge(case: schemathesis.Case, response: httpx.Response, validate: bool) ->
         f"\n{case.as_curl_command()}"
     )
     if response.status_code >= 400:
-        assert_error_shape(response)
+        if case.path.startswith(E2B):
+            assert_e2b_error_shape(case.path, response)
+        else:
+            assert_error_shape(response)
+    elif response.headers.get("content-type", "").startswith("application/connect+json"):
+        assert_connect_stream(response)
     elif validate:
         case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
 
@@ -193,6 +239,7 @@ def fuzz(
     *,
     path_parameters: dict[str, Any] | None = None,
     validate: bool = True,
+    examples: int = EXAMPLES,
 ) -> None:
     for method, path in operations:
         operation = schema[path][method]
@@ -203,6 +250,7 @@ def fuzz(
                 lambda case, mode=mode: send(case, mode),
                 tally,
                 validate and mode is GenerationMode.POSITIVE,
+                examples,
             )
 
 
@@ -212,9 +260,10 @@ def _fuzz_one(
     send: Callable[[schemathesis.Case], httpx.Response | None],
     tally: Tally,
     validate: bool,
+    examples: int = EXAMPLES,
 ) -> None:
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=DERANDOMIZE,
@@ -227,7 +276,10 @@ def _fuzz_one(
             tally.known_bug_skips += 1
             return
         _bounded_exec(case)
-        response = send(case)
+        try:
+            response = send(case)
+        except httpx.LocalProtocolError:  # a header h11 will not send (a bare "Bearer ")
+            response = None
         if response is None:
             tally.unsendable += 1
             return
@@ -254,7 +306,7 @@ def test_fuzz_router_api(server, raw_router_document, figures):
         (method.upper(), path)
         for path, ops in doc["paths"].items()
         for method in ops
-        if "{rest}" not in path
+        if "{rest}" not in path and not path.startswith(E2B)  # the façade: test 4
     ]
     own.sort(key=lambda op: op == ("DELETE", "/v1/sandboxes/{sandbox_id}"))  # deletes last
     tally = Tally()
@@ -361,6 +413,74 @@ def test_fuzz_bare_daemon_api(bare_daemon, daemon_document, figures):
         assert c.health()["initialized"] is True
         assert c.exec("echo alive")["stdout"] == "alive\n"
     figures["fuzz: bare daemon API"] = tally.summary()
+
+
+# -- 4. the E2B façade, with a real key, sandbox and access token --------------------------------
+
+
+def _e2b_order(op: tuple[str, str]) -> int:
+    """envd's operations while the sandbox runs, then the control API's, those that stop or
+    end the sandbox last (a valid timeout can end it too)."""
+    method, path = op
+    if not path.startswith(E2B_CONTROL):
+        return 0
+    if path.endswith(("/pause", "/resume")):
+        return 2
+    return 3 if method == "DELETE" or path.endswith("/timeout") else 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_fuzz_e2b_facade(server, raw_router_document, figures):
+    key = server.create_key("e2b-fuzz")
+    doc = router_document(raw_router_document)
+    schema = schemathesis.openapi.from_dict(doc)
+    operations = sorted(
+        (
+            (method.upper(), path)
+            for path, ops in doc["paths"].items()
+            if path.startswith(E2B)
+            for method in ops
+        ),
+        key=_e2b_order,
+    )
+    assert len(operations) > 30, operations
+    control = [op for op in operations if op[1].startswith(E2B_CONTROL)]
+    in_sandbox = [op for op in operations if not op[1].startswith(E2B_CONTROL)]
+    tally = Tally()
+    api_key = {"x-api-key": key}
+    with httpx.Client(timeout=CASE_TIMEOUT_S) as http:
+        made = http.post(
+            f"{server.url}/e2b/sandboxes", json={"templateID": "base"}, headers=api_key
+        )
+        assert made.status_code == 201, made.text
+        victim = made.json()
+        envd = {"e2b-sandbox-id": victim["sandboxID"], "x-access-token": victim["envdAccessToken"]}
+
+        def send(case: schemathesis.Case, _: GenerationMode) -> httpx.Response | None:
+            request = _prepare(case, server.url)
+            if request is None:
+                return None
+            if case.path.startswith(E2B_CONTROL):
+                request.headers.update(api_key)
+            else:
+                request.headers.update(envd)
+                interpreter = case.path.startswith(E2B_INTERPRETER)
+                request.headers["e2b-sandbox-port"] = "49999" if interpreter else "49983"
+            return http.send(request)
+
+        fuzz(schema, in_sandbox, send, tally, examples=FACADE_EXAMPLES)
+        # The sandbox survived it all.
+        stat = f"{server.url}/e2b/filesystem.Filesystem/Stat"
+        alive = http.post(stat, json={"path": "/home/user"}, headers=envd)
+        assert alive.status_code == 200, alive.text
+        fuzz(schema, control, send, tally, examples=FACADE_EXAMPLES)  # random sandbox ids
+        with_id = [op for op in control if "{sandbox_id}" in op[1]]
+        victim_id = {"sandbox_id": victim["sandboxID"]}
+        fuzz(schema, with_id, send, tally, path_parameters=victim_id, examples=FACADE_EXAMPLES)
+        for s in http.get(f"{server.url}/e2b/sandboxes", headers=api_key).json():
+            http.delete(f"{server.url}/e2b/sandboxes/{s['sandboxID']}", headers=api_key)
+    figures["fuzz: E2B façade"] = tally.summary()
 
 
 # -- the documents themselves ---------------------------------------------------------------------

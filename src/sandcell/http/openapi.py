@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,11 @@ class Operation:
     query: tuple[Query, ...] = ()
     errors: tuple[int, ...] = ()
     secured: bool = True
+    # A secured operation's credentials, by security scheme name (all of them together): the
+    # router's own Bearer key unless a façade's table names the headers of its protocol.
+    security: tuple[str, ...] = ("bearer",)
+    # The model of its error answers: SPEC §1's unless its protocol has its own (a façade).
+    error_body: type[BaseModel] | None = None
 
 
 def routes(operations: Sequence[Operation]) -> list[Route]:
@@ -98,17 +103,24 @@ def _operation(op: Operation, schemas: dict[str, Any]) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "success"}
     if op.response is not None:
         ok["content"] = _content(op.response, schemas)
-    error = {"description": "error", "content": _content(_error_body(), schemas)}
+    error_model = op.error_body or _error_body()
+    error = {"description": "error", "content": _content(error_model, schemas)}
     codes = sorted({400, 500, *op.errors, *((401,) if op.secured else ())})
     doc["responses"] = {str(op.status): ok, **{str(c): error for c in codes}}
     if op.secured:
-        doc["security"] = [{"bearer": []}]
+        doc["security"] = [{name: [] for name in op.security}]
     return doc
 
 
 def openapi(
-    title: str, version: str, operations: Sequence[Operation], bearer_format: str = "JWT"
+    title: str,
+    version: str,
+    operations: Sequence[Operation],
+    bearer_format: str = "JWT",
+    schemes: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The document of `operations`; `schemes` are security schemes besides "bearer" that
+    some of them name (`Operation.security`), such as a façade's own headers."""
     schemas: dict[str, Any] = {}
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
@@ -122,7 +134,8 @@ def openapi(
         "components": {
             "schemas": schemas,
             "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": bearer_format}
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": bearer_format},
+                **(schemes or {}),
             },
         },
     }

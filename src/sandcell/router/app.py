@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sandcell import __version__
-from sandcell.compat import agentcube
+from sandcell.compat import agentcube, e2b
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
@@ -163,6 +163,7 @@ OPERATIONS = (
     ),
     *templates.OPERATIONS,
     *agentcube.OPERATIONS,
+    *e2b.OPERATIONS,  # E2B's wire protocol under /e2b (SPEC §14)
     Operation("GET", "/healthz", healthz, "Liveness", secured=False),
     Operation(
         "GET", "/readyz", readyz, "Readiness (the store answers)", secured=False, errors=(503,)
@@ -205,11 +206,17 @@ def create_app(router: Router) -> Starlette:
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
     app = Starlette(
-        routes=[*routes(OPERATIONS), *network.WEBSOCKET_ROUTES, websocket.ROUTE],
+        routes=[*routes(OPERATIONS), *e2b.NOT_SERVED, *network.WEBSOCKET_ROUTES, websocket.ROUTE],
         exception_handlers=handlers,
         lifespan=lifespan,
     )
     app.state.router = router
-    app.state.openapi = openapi("sandcell", __version__, OPERATIONS, bearer_format="API key")
+    app.state.openapi = openapi(
+        "sandcell",
+        __version__,
+        OPERATIONS,
+        bearer_format="API key",
+        schemes=e2b.SECURITY_SCHEMES,
+    )
     app.add_middleware(RequestContext, router=router)
     return app

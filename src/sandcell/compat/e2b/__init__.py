@@ -1,77 +1,68 @@
-"""E2B's wire protocol under `/e2b` (SPEC §14): its control API and its in-sandbox API.
+"""E2B's wire protocol under `/e2b` (SPEC §14): its control API and its in-sandbox API, as one
+table of operations that the router's app serves with its own (so the façade is in
+/openapi.json, and so in the fuzzer).
 
 One origin serves both, as `E2B_API_URL` and `E2B_SANDBOX_URL` point at it: `/sandboxes...`
-and `/v2/sandboxes...` are the control API, every other path is envd's (told apart by path, not
-by the `E2b-Sandbox-Id` header, which some SDK versions also send to the control API).
+and `/v2/sandboxes...` are the control API (`X-API-KEY`, control.py), every other path is
+envd's or the code interpreter's (the sandbox's `X-Access-Token`, envd/app.py), told apart by
+path, not by the `E2b-Sandbox-Id` header, which some SDK versions also send to the control
+API. Each table wraps its handlers once with its authentication and its error shape.
+`NOT_SERVED`, after the table, answers every other path under /e2b in E2B's shape as well:
+the SDK raises its own exceptions for a path or method sandcell does not serve.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
-from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Mount
+from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
-from sandcell.compat.e2b import errors
-from sandcell.compat.e2b.control import Control
+from sandcell.compat.e2b import control, errors
 from sandcell.compat.e2b.envd import app as envd
-from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
+from sandcell.http.openapi import routes
 
 PREFIX = "/e2b"
-_ID = r"(?P<sandbox_id>[^/]+)"
-CONTROL_PATHS = re.compile(r"/(v2/)?sandboxes(/|$)")
-ControlRoute = tuple[str, re.Pattern[str], Callable[..., Awaitable[Response]]]
+OPERATIONS = tuple(
+    replace(op, path=PREFIX + op.path) for op in (*control.OPERATIONS, *envd.OPERATIONS)
+)
+SECURITY_SCHEMES = {"e2bApiKey": control.SCHEME, **envd.SCHEMES}
+CONNECT_PATHS = ("/process.", "/filesystem.")
 
 
-def _routes(control: Control) -> list[ControlRoute]:
-    table = [
-        ("POST", r"/(v2/)?sandboxes", control.create),
-        ("GET", r"/(v2/)?sandboxes", control.list),
-        ("GET", rf"/sandboxes/{_ID}", control.describe),
-        ("DELETE", rf"/sandboxes/{_ID}", control.kill),
-        ("POST", rf"/sandboxes/{_ID}/timeout", control.set_timeout),
-        ("POST", rf"/(v2/)?sandboxes/{_ID}/connect", control.connect),
-        ("GET", rf"/sandboxes/{_ID}/metrics", control.metrics),
-        ("POST", rf"/sandboxes/{_ID}/pause", control.pause),
-        ("POST", rf"/sandboxes/{_ID}/resume", control.resume),
-    ]
-    return [(method, re.compile(pattern + "$"), fn) for method, pattern, fn in table]
+class _NotServed:
+    """Any method on any path under /e2b that the table does not serve: a 405 (with
+    `Allow`) for a path it serves with other methods, else a 404 (Connect's `unimplemented`
+    for an unknown procedure); Connect-shaped under a Connect service, else E2B's REST."""
 
-
-class E2bFacade:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.routes = _routes(Control(gateway))
+    def __init__(self) -> None:
+        self.served = routes(OPERATIONS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        path = scope["path"][len(scope.get("root_path", "")) :] or "/"
-        if CONTROL_PATHS.match(path):
-            response = await self._control(request, path)
+        path = scope["path"][len(scope.get("root_path", "")) + len(PREFIX) :] or "/"
+        allowed = sorted(
+            method
+            for route in self.served
+            if route.matches(scope)[0] is Match.PARTIAL
+            for method in route.methods or ()
+        )
+        message = f"{request.method} {path} is not served"
+        if allowed:
+            error = SandcellError(
+                ErrorCode.METHOD_NOT_ALLOWED, message, headers={"Allow": ", ".join(allowed)}
+            )
+        elif path.startswith(CONNECT_PATHS):
+            error = SandcellError(ErrorCode.NOT_IMPLEMENTED, f"{message} by sandcell")
         else:
-            response = await envd.handle(self.gateway, request, path)
-        await response(scope, receive, send)
-
-    async def _control(self, request: Request, path: str) -> Response:
-        try:
-            return await self._dispatch(request, path)
-        except SandcellError as exc:
-            return errors.rest_error(exc)
-
-    async def _dispatch(self, request: Request, path: str) -> Response:
-        for method, pattern, fn in self.routes:
-            if request.method == method and (match := pattern.match(path)):
-                params = {k: v for k, v in match.groupdict().items() if v}
-                return await fn(request, **params)
-        raise SandcellError(ErrorCode.NOT_FOUND, f"{request.method} {path} is not served")
+            error = SandcellError(ErrorCode.NOT_FOUND, message)
+        shape = errors.connect_unary_error if path.startswith(CONNECT_PATHS) else errors.rest_error
+        await shape(error)(scope, receive, send)
 
 
-def mount(app: Starlette) -> None:
-    """Serves the façade under /e2b of `app`, the router's own app (`app.state.router`)."""
-    facade = E2bFacade(Gateway(app.state.router))
-    app.router.routes.append(Mount(PREFIX, app=facade))
+_not_served = _NotServed()
+NOT_SERVED = (Route(PREFIX, _not_served), Route(PREFIX + "/{path:path}", _not_served))
+
+__all__ = ["NOT_SERVED", "OPERATIONS", "PREFIX", "SECURITY_SCHEMES"]

@@ -1,5 +1,11 @@
 """E2B's control API (`E2B_API_URL`): sandboxes created, listed, killed and kept alive by
-the router's own operations, for the principal of the caller's key (`X-API-KEY`)."""
+the router's own operations, for the principal of the caller's key (`X-API-KEY`).
+
+Each call is the router's own operation for that principal: the same checks, limits and
+ownership as `/v1`, called directly (no request is made up). The routes are a table
+(`OPERATIONS`), each handler wrapped once by `_secured`: the key is checked before any
+handler runs, and every error leaves in E2B's REST shape.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +13,20 @@ import contextlib
 import json
 import math
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sandcell.compat.e2b import errors
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model
+from sandcell.http.openapi import Endpoint, Operation, Query
 from sandcell.manager.templates import Template
 from sandcell.router import persistence, schemas
 from sandcell.router.auth import Principal
@@ -28,6 +38,15 @@ CLIENT_ID = "sandcell"
 TEMPLATES = {"base": "default", "code-interpreter-v1": "code-interpreter"}
 MAX_BODY = 1_048_576
 HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
+MAX_TIMEOUT_S = 604_800  # as /v1's idle_timeout_s
+SECURITY = ("e2bApiKey",)
+SCHEME = {
+    "type": "apiKey",
+    "in": "header",
+    "name": "X-API-KEY",
+    "description": "a sandcell API key, as given or hex-encoded behind `e2b_`",
+}
+Handler = Callable[[Gateway, Principal, Request], Awaitable[Response]]
 
 
 def _template(name: Any) -> str:
@@ -73,8 +92,10 @@ def _timeout(body: dict[str, Any]) -> int | None:
     value = body.get("timeout")
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "timeout must be a positive integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TIMEOUT_S:
+        raise SandcellError(
+            ErrorCode.BAD_REQUEST, f"timeout must be an integer from 1 to {MAX_TIMEOUT_S}"
+        )
     return value
 
 
@@ -98,97 +119,207 @@ def sandcell_key(api_key: str) -> str:
     return api_key
 
 
-class Control:
-    """Each call is the router's own operation for the principal of `X-API-KEY`: the same
-    checks, limits and ownership as `/v1`, called directly (no request is made up)."""
+def _secured(name: str, handler: Handler) -> Endpoint:
+    """`handler` for the principal of the call's `X-API-KEY`, checked before it runs (so no
+    control operation can forget it), its errors in E2B's REST shape."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.router = gateway.router
+    async def endpoint(request: Request) -> Response:
+        try:
+            gateway = Gateway.of(request)
+            key = sandcell_key(request.headers.get("x-api-key", ""))
+            principal = await gateway.router.principal(request, key)
+            return await handler(gateway, principal, request)
+        except SandcellError as exc:
+            return errors.rest_error(exc)
 
-    async def _principal(self, request: Request) -> Principal:
-        key = sandcell_key(request.headers.get("x-api-key", ""))
-        return await self.router.principal(request, key)
+    endpoint.__name__ = endpoint.__qualname__ = f"e2b_{name}"
+    return endpoint
 
-    async def _owned(self, request: Request, sandbox_id: str) -> SandboxRecord:
-        return await self.router.sandbox_of(await self._principal(request), sandbox_id)
 
-    async def create(self, request: Request) -> Response:
-        principal = await self._principal(request)
-        body = await json_body(request, MAX_BODY)
-        template = _template(body.get("templateID"))
-        create = {
-            "template": template,
-            "env": body.get("envVars") or {},
-            "metadata": body.get("metadata") or {},
-        }
-        if (timeout := _timeout(body)) is not None:
-            create["idle_timeout_s"] = timeout
-        req = parse_model(schemas.CreateSandbox, json.dumps(create).encode())
-        sandbox = schemas.sandbox_view(await self.router.create(principal, req))
-        return JSONResponse(
-            await _created(self.gateway, sandbox, body.get("templateID") or "base"), 201
+async def _owned(gateway: Gateway, principal: Principal, request: Request) -> SandboxRecord:
+    return await gateway.router.sandbox_of(principal, request.path_params["sandbox_id"])
+
+
+def _view(gateway: Gateway, record: SandboxRecord) -> dict[str, Any]:
+    templates = gateway.router.manager.templates
+    sandbox = schemas.sandbox_view(record)
+    return _detail(sandbox, templates.get(sandbox["template"], Template()))
+
+
+async def create(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    body = await json_body(request, MAX_BODY)
+    template = _template(body.get("templateID"))
+    create = {
+        "template": template,
+        "env": body.get("envVars") or {},
+        "metadata": body.get("metadata") or {},
+    }
+    if (timeout := _timeout(body)) is not None:
+        create["idle_timeout_s"] = timeout
+    req = parse_model(schemas.CreateSandbox, json.dumps(create).encode())
+    sandbox = schemas.sandbox_view(await gateway.router.create(principal, req))
+    return JSONResponse(await _created(gateway, sandbox, body.get("templateID") or "base"), 201)
+
+
+async def describe(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    return JSONResponse(_view(gateway, await _owned(gateway, principal, request)))
+
+
+async def list_sandboxes(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    records = await gateway.router.store.list_sandboxes(None if principal.admin else principal.name)
+    rows = [_view(gateway, r) for r in records if r.state != "deleted"]
+    return JSONResponse([r for r in rows if _matches(r, request)])
+
+
+async def kill(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    await gateway.router.delete(await _owned(gateway, principal, request))
+    return Response(status_code=204)
+
+
+async def set_timeout(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    record = await _owned(gateway, principal, request)
+    await gateway.router.keepalive(record, _timeout(await json_body(request, MAX_BODY)))
+    return Response(status_code=204)
+
+
+async def connect(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    record = await _owned(gateway, principal, request)
+    timeout = _timeout(await json_body(request, MAX_BODY))
+    sandbox = schemas.sandbox_view(await gateway.router.keepalive(record, timeout))
+    return JSONResponse(await _created(gateway, sandbox, sandbox["template"]), 200)
+
+
+async def metrics(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    m = await metrics_of(gateway.router, await _owned(gateway, principal, request))
+    return JSONResponse(
+        [
+            {
+                "timestamp": m.at,
+                "timestampUnix": 0,
+                "cpuCount": int(m.cpus or 1),
+                "cpuUsedPct": float(m.cpu_percent or 0.0),
+                "memUsed": int(m.memory_bytes or 0),
+                "memTotal": int(m.memory_limit_bytes or 0),
+                "memCache": 0,
+                "diskUsed": int(m.disk_used_bytes or 0),
+                "diskTotal": int(m.disk_limit_bytes or 0),
+            }
+        ]
+    )
+
+
+async def pause(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
+    an already paused sandbox is E2B's 409, which its SDK reads as "already paused"."""
+    record = await _owned(gateway, principal, request)
+    if record.state == "paused":
+        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is already paused")
+    await persistence.pause_sandbox(gateway.router, record)
+    return Response(status_code=204)
+
+
+async def resume(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    record = await _owned(gateway, principal, request)
+    sandbox = schemas.sandbox_view(await persistence.resume_sandbox(gateway.router, record))
+    return JSONResponse(await _created(gateway, sandbox, sandbox["template"]), 201)
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+class NewSandbox(BaseModel):
+    """The fields of E2B's NewSandbox that sandcell reads (the rest is E2B's own)."""
+
+    model_config = ConfigDict(extra="allow")
+    templateID: str | None = None
+    timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
+    envVars: dict[str, str] | None = None
+    metadata: dict[str, str] | None = None
+
+
+class Timeout(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
+
+
+class Created(BaseModel):
+    """E2B's Sandbox: what create, connect and resume answer."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str
+    envdVersion: str
+    envdAccessToken: str
+    trafficAccessToken: str
+    domain: str | None
+
+
+_SBX = "/sandboxes/{sandbox_id}"
+_LIST_QUERY = (
+    Query("metadata", {"type": "string"}, description="urlencoded k=v pairs"),
+    Query("state", {"type": "string"}, description="running,paused"),
+)
+
+
+def _op(method: str, path: str, handler: Handler, summary: str, **kw: Any) -> Operation:
+    name = (path.strip("/").split("/")[0] + "_" if path.startswith("/v2/") else "") + (
+        handler.__name__
+    )
+    errors_ = tuple(sorted({401, 404, 429, *kw.pop("errors", ())}))
+    return Operation(
+        method,
+        path,
+        _secured(name, handler),
+        f"E2B control: {summary}",
+        errors=errors_,
+        security=SECURITY,
+        error_body=errors.RestError,
+        **kw,
+    )
+
+
+OPERATIONS = (
+    *(
+        _op(
+            "POST",
+            f"{v}/sandboxes",
+            create,
+            "create a sandbox",
+            body=NewSandbox,
+            response=Created,
+            status=201,
+            errors=(403, 409, 413, 503),
         )
-
-    def _view(self, record: SandboxRecord) -> dict[str, Any]:
-        templates = self.router.manager.templates
-        sandbox = schemas.sandbox_view(record)
-        return _detail(sandbox, templates.get(sandbox["template"], Template()))
-
-    async def describe(self, request: Request, sandbox_id: str) -> Response:
-        return JSONResponse(self._view(await self._owned(request, sandbox_id)))
-
-    async def list(self, request: Request) -> Response:
-        principal = await self._principal(request)
-        records = await self.router.store.list_sandboxes(
-            None if principal.admin else principal.name
+        for v in ("", "/v2")
+    ),
+    *(
+        _op("GET", f"{v}/sandboxes", list_sandboxes, "list your sandboxes", query=_LIST_QUERY)
+        for v in ("", "/v2")
+    ),
+    _op("GET", _SBX, describe, "describe a sandbox"),
+    _op("DELETE", _SBX, kill, "kill a sandbox", status=204),
+    _op("POST", f"{_SBX}/timeout", set_timeout, "set the timeout", body=Timeout, status=204),
+    *(
+        _op(
+            "POST",
+            f"{v}{_SBX}/connect",
+            connect,
+            "connect (a paused sandbox resumes; the timeout extends)",
+            body=Timeout,
+            response=Created,
+            errors=(409,),
         )
-        rows = [self._view(r) for r in records if r.state != "deleted"]
-        return JSONResponse([r for r in rows if _matches(r, request)])
-
-    async def kill(self, request: Request, sandbox_id: str) -> Response:
-        await self.router.delete(await self._owned(request, sandbox_id))
-        return Response(status_code=204)
-
-    async def set_timeout(self, request: Request, sandbox_id: str) -> Response:
-        record = await self._owned(request, sandbox_id)
-        await self.router.keepalive(record, _timeout(await json_body(request, MAX_BODY)))
-        return Response(status_code=204)
-
-    async def connect(self, request: Request, sandbox_id: str) -> Response:
-        record = await self._owned(request, sandbox_id)
-        timeout = _timeout(await json_body(request, MAX_BODY))
-        sandbox = schemas.sandbox_view(await self.router.keepalive(record, timeout))
-        return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 200)
-
-    async def metrics(self, request: Request, sandbox_id: str) -> Response:
-        m = await metrics_of(self.router, await self._owned(request, sandbox_id))
-        return JSONResponse(
-            [
-                {
-                    "timestamp": m.at,
-                    "timestampUnix": 0,
-                    "cpuCount": int(m.cpus or 1),
-                    "cpuUsedPct": float(m.cpu_percent or 0.0),
-                    "memUsed": int(m.memory_bytes or 0),
-                    "memTotal": int(m.memory_limit_bytes or 0),
-                    "memCache": 0,
-                    "diskUsed": int(m.disk_used_bytes or 0),
-                    "diskTotal": int(m.disk_limit_bytes or 0),
-                }
-            ]
-        )
-
-    async def pause(self, request: Request, sandbox_id: str) -> Response:
-        """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
-        an already paused sandbox is E2B's 409, which its SDK reads as "already paused"."""
-        record = await self._owned(request, sandbox_id)
-        if record.state == "paused":
-            raise SandcellError(ErrorCode.CONFLICT, f"sandbox {sandbox_id} is already paused")
-        await persistence.pause_sandbox(self.router, record)
-        return Response(status_code=204)
-
-    async def resume(self, request: Request, sandbox_id: str) -> Response:
-        record = await self._owned(request, sandbox_id)
-        sandbox = schemas.sandbox_view(await persistence.resume_sandbox(self.router, record))
-        return JSONResponse(await _created(self.gateway, sandbox, sandbox["template"]), 201)
+        for v in ("", "/v2")
+    ),
+    _op("GET", f"{_SBX}/metrics", metrics, "the latest metrics sample", errors=(409, 501)),
+    _op("POST", f"{_SBX}/pause", pause, "pause (files kept)", status=204, errors=(409,)),
+    _op(
+        "POST",
+        f"{_SBX}/resume",
+        resume,
+        "resume a paused sandbox",
+        response=Created,
+        status=201,
+        errors=(409,),
+    ),
+)

@@ -2,11 +2,13 @@
 
 The control API and envd's REST routes answer `{"code": <status>, "message": ...}` with the
 HTTP status; Connect RPC carries a lower-case code name (`not_found`, ...) that the SDK maps
-to `NotFoundException`, `AuthenticationException`, `TimeoutException` and so on.
+to `NotFoundException`, `AuthenticationException`, `TimeoutException` and so on. Each kind
+of route is wrapped once with its mapper (see the operation tables), never per handler.
 """
 
 from __future__ import annotations
 
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
 from sandcell.errors import STATUS, ErrorCode, SandcellError
@@ -18,18 +20,24 @@ CONNECT_CODES: dict[ErrorCode, str] = {
     ErrorCode.NOT_FOUND: "not_found",
     ErrorCode.SANDBOX_NOT_FOUND: "not_found",
     ErrorCode.FILE_NOT_FOUND: "not_found",
+    ErrorCode.METHOD_NOT_ALLOWED: "unimplemented",
     ErrorCode.CONFLICT: "already_exists",
+    ErrorCode.ALREADY_INITIALIZED: "already_exists",
+    ErrorCode.SANDBOX_PAUSED: "failed_precondition",
+    ErrorCode.TEMPLATE_NOT_READY: "failed_precondition",
     ErrorCode.PAYLOAD_TOO_LARGE: "resource_exhausted",
     ErrorCode.RATE_LIMITED: "resource_exhausted",
     ErrorCode.SANDBOX_UNREACHABLE: "unavailable",
     ErrorCode.NOT_INITIALIZED: "unavailable",
     ErrorCode.OVERLOADED: "unavailable",
+    ErrorCode.ISOLATION_UNAVAILABLE: "unavailable",
     ErrorCode.SANDBOX_TIMEOUT: "deadline_exceeded",
     ErrorCode.NOT_IMPLEMENTED: "unimplemented",
 }
 # Connect's own HTTP statuses for a unary error (connectrpc.com/docs/protocol).
 CONNECT_STATUS = {
     "invalid_argument": 400,
+    "failed_precondition": 400,
     "unauthenticated": 401,
     "permission_denied": 403,
     "not_found": 404,
@@ -40,6 +48,20 @@ CONNECT_STATUS = {
     "unimplemented": 501,
     "internal": 500,
 }
+
+
+class RestError(BaseModel):
+    """E2B's error body on the control API and envd's REST routes."""
+
+    code: int
+    message: str
+
+
+class ConnectError(BaseModel):
+    """A Connect RPC unary error (`code` is Connect's lower-case name)."""
+
+    code: str
+    message: str
 
 
 def connect_error(exc: SandcellError) -> dict[str, str]:
@@ -53,4 +75,6 @@ def rest_error(exc: SandcellError) -> JSONResponse:
 
 def connect_unary_error(exc: SandcellError) -> JSONResponse:
     body = connect_error(exc)
-    return JSONResponse(body, CONNECT_STATUS.get(body["code"], 500))
+    # A known procedure asked with another method: HTTP's 405, as connect-go answers it.
+    status = 405 if exc.code is ErrorCode.METHOD_NOT_ALLOWED else CONNECT_STATUS[body["code"]]
+    return JSONResponse(body, status, headers=exc.headers)

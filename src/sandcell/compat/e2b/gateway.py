@@ -48,6 +48,15 @@ class Gateway:
         self.router = router
         self.tokens = AccessTokens(router.store)
 
+    @classmethod
+    def of(cls, request: Request) -> Gateway:
+        """The gateway of the app serving `request` (its `state.router`), made once per app."""
+        state = request.app.state
+        gateway = getattr(state, "e2b_gateway", None)
+        if gateway is None or gateway.router is not state.router:
+            gateway = state.e2b_gateway = cls(state.router)
+        return gateway
+
     async def daemon(
         self,
         record: SandboxRecord,

@@ -1,5 +1,6 @@
 """The code interpreter E2B serves on port 49999 (`/execute`, `/contexts`), on sandcell's code
-contexts (SPEC §10): the same IPython-backed contexts, its NDJSON lines renamed to E2B's."""
+contexts (SPEC §10): the same IPython-backed contexts, its NDJSON lines renamed to E2B's.
+The handlers are envd's kind (the sandbox's token opens them): see envd/app.py's table."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import SandcellError
+from sandcell.http.hop import check_path
 from sandcell.store import SandboxRecord
 
-PORT = "49999"
 MAX_BODY = 8 * 1_048_576
 DEFAULT_TIMEOUT_S = 300
 # sandcell's MIME bundle keys -> the keyword names of e2b_code_interpreter's Result.
@@ -107,16 +109,29 @@ async def list_contexts(gateway: Gateway, record: SandboxRecord, request: Reques
     return JSONResponse([_context(c) for c in listed["contexts"]])
 
 
-async def serve(gateway: Gateway, record: SandboxRecord, request: Request, path: str) -> Response:
-    if path == "/execute" and request.method == "POST":
-        return await execute(gateway, record, request)
-    if path == "/contexts":
-        handler = create_context if request.method == "POST" else list_contexts
-        return await handler(gateway, record, request)
-    parts = path.strip("/").split("/")
-    if len(parts) >= 2 and parts[0] == "contexts":
-        rest = f"code/contexts/{parts[1]}" + ("/restart" if parts[2:] == ["restart"] else "")
-        method = "DELETE" if request.method == "DELETE" else "POST"
-        await gateway.daemon(record, method, rest)
-        return Response(status_code=204)
-    raise SandcellError(ErrorCode.NOT_FOUND, f"{request.method} {path} is not served")
+async def remove_context(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+    context_id = check_path(request.path_params["context_id"])
+    await gateway.daemon(record, "DELETE", f"code/contexts/{context_id}")
+    return Response(status_code=204)
+
+
+async def restart_context(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+    context_id = check_path(request.path_params["context_id"])
+    await gateway.daemon(record, "POST", f"code/contexts/{context_id}/restart")
+    return Response(status_code=204)
+
+
+class ExecuteRequest(BaseModel):
+    """What `/execute` reads of e2b_code_interpreter's request."""
+
+    model_config = ConfigDict(extra="allow")
+    code: str
+    language: str | None = None
+    context_id: str | None = None
+    env_vars: dict[str, str] | None = None
+
+
+class CreateContext(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    language: str | None = None
+    cwd: str | None = None

@@ -1,8 +1,15 @@
-"""The in-sandbox API ("envd") of E2B: who may call it, and which handler serves each path.
+"""The in-sandbox API ("envd") of E2B as a route table: who may call it, and what serves each
+operation.
 
 Every call names its sandbox (`E2b-Sandbox-Id`) and proves it may use it with the sandbox's
-`X-Access-Token`, minted at create and stored hashed (see `tokens`). The handlers then reach
-the daemon only through the router's signing proxy (`Gateway.daemon`).
+`X-Access-Token`, minted at create (see `tokens`). Each operation's handler is wrapped once,
+where the table is built (`_secured`): the token is checked and the record found before the
+handler runs, and its errors leave in the shape of its kind (Connect's unary error, or E2B's
+REST error; a stream ends with its error in the stream). The handlers reach the daemon only
+through the router core (`Gateway.daemon`).
+
+The code interpreter E2B serves on port 49999 (`/execute`, `/contexts`) shares this table:
+its paths are its own, so the `E2b-Sandbox-Port` header the SDK sends tells nothing apart.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -19,18 +27,39 @@ from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import read_body
+from sandcell.http.openapi import Endpoint, Operation, Query
 from sandcell.router.core import GONE
 from sandcell.store import SandboxRecord
 
 MAX_MESSAGE_BODY = 8 * 1_048_576
-UNARY: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
+Message = dict[str, Any]
+Unary = Callable[[Gateway, SandboxRecord, Message], Awaitable[Message]]
+Stream = Callable[[Gateway, SandboxRecord, Message], AsyncIterator[Message]]
+Handler = Callable[[Gateway, SandboxRecord, Request], Awaitable[Response]]
+UNARY: dict[str, Unary] = {
     **{f"/process.Process/{name}": fn for name, fn in process.UNARY.items()},
     **{f"/filesystem.Filesystem/{name}": fn for name, fn in filesystem.UNARY.items()},
     **{f"/filesystem.Filesystem/{name}": fn for name, fn in watch.UNARY.items()},
 }
-STREAMS = {
+STREAMS: dict[str, Stream] = {
     **{f"/process.Process/{name}": fn for name, fn in process.STREAMS.items()},
     **{f"/filesystem.Filesystem/{name}": fn for name, fn in watch.STREAMS.items()},
+}
+SECURITY = ("e2bSandboxId", "e2bAccessToken")
+SCHEMES = {
+    "e2bSandboxId": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "E2b-Sandbox-Id",
+        "description": "the sandbox the call is for (with its X-Access-Token)",
+    },
+    "e2bAccessToken": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Access-Token",
+        "description": "the sandbox's envdAccessToken (E2b-Traffic-Access-Token, the same "
+        "secret, is accepted instead)",
+    },
 }
 
 
@@ -57,49 +86,269 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     return record
 
 
-async def _rpc(gateway: Gateway, record: SandboxRecord, request: Request, path: str) -> Response:
-    body = await read_body(request, MAX_MESSAGE_BODY)
-    if path in STREAMS:
-        events = _stream_events(STREAMS[path], gateway, record, body)
+def _secured(name: str, handler: Handler, shape: Callable[[SandcellError], Response]) -> Endpoint:
+    """`handler` for the sandbox the call's token opens, checked before it runs (so no envd
+    operation can forget it), its errors in `shape`."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            gateway = Gateway.of(request)
+            return await handler(gateway, await authorised(gateway, request), request)
+        except SandcellError as exc:
+            return shape(exc)
+
+    endpoint.__name__ = endpoint.__qualname__ = f"e2b_envd_{name}"
+    return endpoint
+
+
+# -- handlers by kind ------------------------------------------------------------------------
+
+
+def _unary(fn: Unary) -> Handler:
+    async def handler(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+        message = json_object(await read_body(request, MAX_MESSAGE_BODY))
+        return JSONResponse(await fn(gateway, record, message))
+
+    return handler
+
+
+def _stream(fn: Stream) -> Handler:
+    async def handler(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+        body = await read_body(request, MAX_MESSAGE_BODY)
+        events = _stream_events(fn, gateway, record, body)
         return StreamingResponse(connect.stream(events), media_type=connect.STREAM_MEDIA)
-    if path in UNARY:
-        return JSONResponse(await UNARY[path](gateway, record, json_object(body)))
-    raise SandcellError(ErrorCode.NOT_IMPLEMENTED, f"{path} is not served by sandcell")
+
+    return handler
 
 
 async def _stream_events(
-    handler: Callable[..., AsyncIterator[dict[str, Any]]],
-    gateway: Gateway,
-    record: SandboxRecord,
-    body: bytes,
-) -> AsyncIterator[dict[str, Any]]:
+    fn: Stream, gateway: Gateway, record: SandboxRecord, body: bytes
+) -> AsyncIterator[Message]:
     """A stream's events; a bad request message, too, ends the stream with its error."""
-    async for event in handler(gateway, record, connect.first_message(body)):
+    async for event in fn(gateway, record, connect.first_message(body)):
         yield event
 
 
-async def _serve(gateway: Gateway, request: Request, path: str) -> Response:
-    record = await authorised(gateway, request)
-    if path == "/health":
-        if record.state != "running":  # E2B's `is_running()`: a paused sandbox is not
-            raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"sandbox {record.id} is paused")
-        return Response(status_code=204)
-    if request.headers.get("e2b-sandbox-port") == interpreter.PORT and not path.startswith(
-        ("/process.", "/filesystem.", "/files")
-    ):
-        return await interpreter.serve(gateway, record, request, path)
-    if path == "/files":
-        if request.method == "GET":
-            return await files.download(gateway, record, request)
-        if request.method in ("POST", "PUT"):
-            return await files.upload(gateway, record, request)
-        raise SandcellError(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} /files is not served")
-    return await _rpc(gateway, record, request, path)
+async def health(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
+    if record.state != "running":  # E2B's `is_running()`: a paused sandbox is not
+        raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"sandbox {record.id} is paused")
+    return Response(status_code=204)
 
 
-async def handle(gateway: Gateway, request: Request, path: str) -> Response:
-    rpc = path.startswith(("/process.", "/filesystem."))
-    try:
-        return await _serve(gateway, request, path)
-    except SandcellError as exc:
-        return errors.connect_unary_error(exc) if rpc else errors.rest_error(exc)
+# -- request messages, as far as the handlers read them (for the document and the fuzzer) ---
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ProcessSelector(_Message):
+    pid: int | None = None
+    tag: str | None = None
+
+
+class ProcessInput(_Message):
+    stdin: str | None = None  # base64
+    pty: str | None = None
+
+
+class PtySize(_Message):
+    cols: int | None = None
+    rows: int | None = None
+
+
+class Pty(_Message):
+    size: PtySize | None = None
+
+
+class ListRequest(_Message):
+    pass
+
+
+class SendInputRequest(_Message):
+    process: ProcessSelector
+    input: ProcessInput | None = None
+
+
+class SendSignalRequest(_Message):
+    process: ProcessSelector
+    signal: str | None = None
+
+
+class CloseStdinRequest(_Message):
+    process: ProcessSelector
+
+
+class UpdateRequest(_Message):
+    process: ProcessSelector
+    pty: Pty | None = None
+
+
+class PathRequest(_Message):
+    path: str
+
+
+class ListDirRequest(_Message):
+    path: str
+    depth: int | None = None
+
+
+class MoveRequest(_Message):
+    source: str
+    destination: str
+
+
+class CreateWatcherRequest(_Message):
+    path: str
+    recursive: bool | None = None
+    includeEntry: bool | None = None
+
+
+class WatcherRequest(_Message):
+    watcherId: str
+
+
+MESSAGES: dict[str, type[BaseModel]] = {
+    "/process.Process/List": ListRequest,
+    "/process.Process/SendInput": SendInputRequest,
+    "/process.Process/SendSignal": SendSignalRequest,
+    "/process.Process/CloseStdin": CloseStdinRequest,
+    "/process.Process/Update": UpdateRequest,
+    "/filesystem.Filesystem/Stat": PathRequest,
+    "/filesystem.Filesystem/MakeDir": PathRequest,
+    "/filesystem.Filesystem/Remove": PathRequest,
+    "/filesystem.Filesystem/ListDir": ListDirRequest,
+    "/filesystem.Filesystem/Move": MoveRequest,
+    "/filesystem.Filesystem/CreateWatcher": CreateWatcherRequest,
+    "/filesystem.Filesystem/GetWatcherEvents": WatcherRequest,
+    "/filesystem.Filesystem/RemoveWatcher": WatcherRequest,
+}
+
+# -- the table -------------------------------------------------------------------------------
+
+_ERRORS = (400, 401, 403, 404, 409, 413, 429, 502, 503, 504)
+
+
+def _op(
+    method: str,
+    path: str,
+    name: str,
+    handler: Handler,
+    summary: str,
+    *,
+    connect_rpc: bool = False,
+    **kw: Any,
+) -> Operation:
+    shape = errors.connect_unary_error if connect_rpc else errors.rest_error
+    return Operation(
+        method,
+        path,
+        _secured(name, handler, shape),
+        summary,
+        errors=_ERRORS,
+        security=SECURITY,
+        error_body=errors.ConnectError if connect_rpc else errors.RestError,
+        **kw,
+    )
+
+
+def _rpc_name(path: str) -> str:
+    service, method = path.strip("/").split("/")
+    return f"{service.split('.')[0]}_{method}"
+
+
+_PATH_QUERY = (
+    Query("path", {"type": "string"}, description="in the sandbox (/home/user is the workspace)"),
+    Query("username", {"type": "string"}),
+)
+_CONTEXT = "/contexts/{context_id}"
+
+OPERATIONS = (
+    *(
+        _op(
+            "POST",
+            path,
+            _rpc_name(path),
+            _unary(fn),
+            f"E2B envd: Connect RPC {path.strip('/')} (unary, JSON)",
+            connect_rpc=True,
+            body=MESSAGES[path],
+        )
+        for path, fn in UNARY.items()
+    ),
+    *(
+        _op(
+            "POST",
+            path,
+            _rpc_name(path),
+            _stream(fn),
+            f"E2B envd: Connect RPC {path.strip('/')} (server stream; errors end the stream)",
+            connect_rpc=True,
+            body=connect.STREAM_MEDIA,
+            response=connect.STREAM_MEDIA,
+        )
+        for path, fn in STREAMS.items()
+    ),
+    _op(
+        "GET",
+        "/files",
+        "download",
+        files.download,
+        "E2B envd: download a file",
+        query=_PATH_QUERY,
+        response="application/octet-stream",
+    ),
+    *(
+        _op(
+            method,
+            "/files",
+            f"upload_{method.lower()}",
+            files.upload,
+            "E2B envd: upload files (octet-stream, gzip or a multipart form)",
+            query=_PATH_QUERY,
+            body="application/octet-stream",
+        )
+        for method in ("POST", "PUT")
+    ),
+    _op("GET", "/health", "health", health, "E2B envd: the sandbox runs", status=204),
+    _op(
+        "POST",
+        "/execute",
+        "execute",
+        interpreter.execute,
+        "E2B code interpreter: run code (NDJSON lines)",
+        body=interpreter.ExecuteRequest,
+        response="application/x-ndjson",
+    ),
+    _op(
+        "POST",
+        "/contexts",
+        "create_context",
+        interpreter.create_context,
+        "E2B code interpreter: create a context",
+        body=interpreter.CreateContext,
+    ),
+    _op(
+        "GET",
+        "/contexts",
+        "list_contexts",
+        interpreter.list_contexts,
+        "E2B code interpreter: list the contexts",
+    ),
+    _op(
+        "DELETE",
+        _CONTEXT,
+        "remove_context",
+        interpreter.remove_context,
+        "E2B code interpreter: remove a context",
+        status=204,
+    ),
+    _op(
+        "POST",
+        f"{_CONTEXT}/restart",
+        "restart_context",
+        interpreter.restart_context,
+        "E2B code interpreter: restart a context",
+        status=204,
+    ),
+)

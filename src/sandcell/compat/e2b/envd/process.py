@@ -145,7 +145,9 @@ async def send_input(
 ) -> dict[str, Any]:
     pid = await resolve_pid(gateway, record, obj(message, "process"))
     given = obj(message, "input")
-    data = given.get("stdin", given.get("pty", ""))
+    data = given["stdin"] if given.get("stdin") is not None else given.get("pty") or ""
+    if not isinstance(data, str):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "input must be base64 text")
     try:
         raw = base64.b64decode(data, validate=True)
     except ValueError as exc:
