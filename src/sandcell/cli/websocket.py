@@ -71,7 +71,7 @@ class WebSocket:
                     self._send(event.response())
                 return
             elif isinstance(event, TextMessage | BytesMessage):
-                parts.append(event.data)
+                parts.append(event.data if isinstance(event.data, str) else bytes(event.data))
                 if event.message_finished:
                     yield _joined(parts)
                     parts = []
@@ -95,8 +95,8 @@ class WebSocket:
 
 def _joined(parts: list[bytes | str]) -> bytes | str:
     if isinstance(parts[0], str):
-        return "".join(str(p) for p in parts)
-    return b"".join(bytes(p) for p in parts)
+        return "".join(p for p in parts if isinstance(p, str))
+    return b"".join(p for p in parts if isinstance(p, bytes))
 
 
 def connect(url: str, headers: Mapping[str, str], timeout_s: float) -> WebSocket:
