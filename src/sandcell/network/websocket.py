@@ -169,7 +169,7 @@ async def _upstream_to_client(
             await websocket.close(event.code)
             return
         elif isinstance(event, TextMessage | BytesMessage):
-            parts.append(event.data)
+            parts.append(event.data if isinstance(event.data, str) else bytes(event.data))
             size += len(event.data)
             if size > MAX_MESSAGE:
                 await websocket.close(TOO_BIG)
@@ -184,9 +184,9 @@ async def _upstream_to_client(
 
 async def _deliver(websocket: WebSocket, parts: list[str | bytes]) -> None:
     if isinstance(parts[0], str):
-        await websocket.send_text("".join(str(p) for p in parts))
+        await websocket.send_text("".join(p for p in parts if isinstance(p, str)))
     else:
-        await websocket.send_bytes(b"".join(bytes(p) for p in parts))  # type: ignore[arg-type]
+        await websocket.send_bytes(b"".join(p for p in parts if isinstance(p, bytes)))
 
 
 def requested_subprotocols(websocket: WebSocket) -> list[str]:

@@ -74,7 +74,7 @@ class Call:
 
     method: str
     target: str  # the daemon's path and query, "/v1/...", as it goes on the wire
-    headers: Headers = ()  # end-to-end headers to pass on (lower-case names)
+    headers: Sequence[tuple[bytes, bytes]] = ()  # end-to-end headers, names lower-case
     body: bytes | None = b""  # the whole body, bound to the token; None when streamed
     stream: AsyncIterator[bytes] | None = None
     length: int | None = None  # of a streamed body; None sends it chunked
