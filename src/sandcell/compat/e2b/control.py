@@ -210,11 +210,18 @@ async def metrics(gateway: Gateway, principal: Principal, request: Request) -> R
 
 async def pause(gateway: Gateway, principal: Principal, request: Request) -> Response:
     """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
-    an already paused sandbox is E2B's 409, which its SDK reads as "already paused"."""
+    an already paused sandbox is E2B's 409, which its SDK reads as "already paused". So the
+    key's bound on paused sandboxes, also a 409 on /v1, is E2B's 429 here: its SDK raises it
+    (`RateLimitException`, naming the bound) instead of reporting an ordinary "already"."""
     record = await _owned(gateway, principal, request)
     if record.state == "paused":
         raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is already paused")
-    await persistence.pause_sandbox(gateway.router, record)
+    try:
+        await persistence.pause_sandbox(gateway.router, record)
+    except SandcellError as exc:
+        if exc.code is not ErrorCode.CONFLICT or "max_paused_per_key" not in exc.details:
+            raise
+        raise SandcellError(ErrorCode.RATE_LIMITED, exc.message, exc.details) from None
     return Response(status_code=204)
 
 
