@@ -25,10 +25,13 @@ from cells.conftest import processes_of_uids, requires_cells, wait_until
 from cells.test_fail_closed import NOBODY, unprivileged  # noqa: F401 - a fixture
 
 # A double fork into a session of its own; the grandchild ignores SIGTERM and SIGHUP (kept
-# across exec) and becomes `sleep 3600` with no descriptor of the exec's, so the exec returns.
+# across exec) and becomes `sleep 3600` with no descriptor of the exec's, so the exec returns,
+# once the grandchild has exec'd: its copy of the pipe closes on exec, which ends the read.
 DETACH = """
 import os, signal
+r, w = os.pipe()  # close-on-exec, as Python makes every descriptor
 if os.fork() == 0:
+    os.close(r)
     os.setsid()
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -38,7 +41,9 @@ if os.fork() == 0:
             os.dup2(null, fd)
         os.execvp("sleep", ["sleep", "3600"])
     os._exit(0)
+os.close(w)
 os.wait()
+os.read(r, 1)
 """
 
 # Makes a cell without cgroups, detaches a process in it, reports the cell's processes (host
