@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sandcell.cellapi.limits import MAX_JSON_BODY, MAX_TIMEOUT_S
 from sandcell.compat.agentcube import daemon
 from sandcell.errors import ErrorCode, SandcellError
 from sandcell.http.bodies import (
@@ -44,12 +45,10 @@ from sandcell.http.multipart import FormLimits, FormReader, Part, drain
 from sandcell.router.core import Call
 from sandcell.store import SandboxRecord
 
-MAX_JSON_BODY = 8 * 1_048_576
 MAX_UPLOAD_BODY = 64 * 1_048_576
 # PicoD's form has `path`, `file` and `mode`; a few more parts are skipped, not hundreds.
 FORM = FormLimits(max_parts=16, max_field_bytes=4_096)
 DEFAULT_TIMEOUT_S = 30.0
-MAX_TIMEOUT_S = 86_400.0
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
