@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 
 from sandcell.errors import ErrorCode, SandcellError
 
@@ -143,9 +143,9 @@ def parse_model(model: type[ModelT], body: bytes) -> ModelT:
         ) from None
 
 
-def path_with_query(request: Request) -> str:
+def path_with_query(connection: HTTPConnection) -> str:
     """The request target exactly as sent (what a request token's `htu` binds)."""
-    raw = request.scope.get("raw_path") or request.scope["path"].encode()
-    query = request.scope.get("query_string", b"")
+    raw = connection.scope.get("raw_path") or connection.scope["path"].encode()
+    query = connection.scope.get("query_string", b"")
     target = raw + (b"?" + query if query else b"")
     return target.decode("latin-1")

@@ -6,7 +6,7 @@ import functools
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,6 +16,14 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class SchemaModel(Protocol):
+    """A body's model: a pydantic model or the daemon's msgspec `Shape`, which offers the
+    one classmethod this module reads (the daemon never loads pydantic)."""
+
+    @classmethod
+    def model_json_schema(cls, *, ref_template: str) -> dict[str, Any]: ...
 
 
 @functools.cache
@@ -51,8 +59,8 @@ class Operation:
     path: str
     endpoint: Endpoint
     summary: str
-    body: type[BaseModel] | str | None = None
-    response: type[BaseModel] | str | None = None
+    body: type[SchemaModel] | str | None = None
+    response: type[SchemaModel] | str | None = None
     status: int = 200
     query: tuple[Query, ...] = ()
     errors: tuple[int, ...] = ()
@@ -68,7 +76,7 @@ def routes(operations: Sequence[Operation]) -> list[Route]:
     return [Route(op.path, op.endpoint, methods=[op.method]) for op in operations]
 
 
-def _content(kind: type[BaseModel] | str, schemas: dict[str, Any]) -> dict[str, Any]:
+def _content(kind: type[SchemaModel] | str, schemas: dict[str, Any]) -> dict[str, Any]:
     if isinstance(kind, str):
         return {kind: {"schema": {"type": "string", "format": "binary"}}}
     schema = kind.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -162,6 +162,11 @@ class FdWriter(io.RawIOBase):
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
+    @property
+    def name(self) -> int:
+        """What `TextIOWrapper.name` reports: the fd, as `FileIO(fd).name` does."""
+        return self.fd
+
     def writable(self) -> bool:
         return True
 

@@ -280,10 +280,16 @@ def _pipe() -> tuple[int, int]:
         os.close(w)
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    """A reader's or writer's callback: the waiting future done, once."""
+    if not future.done():
+        future.set_result(None)
+
+
 async def _writable(fd: int, timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+    ready: asyncio.Future[None] = loop.create_future()
+    loop.add_writer(fd, _settle, ready)
     try:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ready, timeout_s)

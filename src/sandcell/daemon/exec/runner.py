@@ -298,14 +298,20 @@ async def _feed(proc: subprocess.Popen[bytes], stdin: bytes | None) -> asyncio.B
     return writer
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    """A reader's or writer's callback: the waiting future done, once."""
+    if not future.done():
+        future.set_result(None)
+
+
 async def wait_exited(proc: subprocess.Popen[bytes]) -> None:
     """Waits for `proc` to exit without a thread: its pidfd becomes readable."""
     if proc.poll() is not None:
         return
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
+    done: asyncio.Future[None] = loop.create_future()
     pidfd = os.pidfd_open(proc.pid)
-    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    loop.add_reader(pidfd, _settle, done)
     try:
         await done
     finally:

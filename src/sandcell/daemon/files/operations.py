@@ -10,7 +10,7 @@ import shutil
 import stat
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Literal, TypedDict
 
 from sandcell.daemon.files.workspace import Workspace, fs_error
 from sandcell.errors import ErrorCode, SandcellError
@@ -23,13 +23,31 @@ MAX_LIST_DEPTH = 32
 MAX_LIST_ENTRIES = 10_000
 
 
-def _type_of(mode: int) -> str:
+EntryType = Literal["file", "dir", "symlink"]
+
+
+class EntryRecord(TypedDict):
+    """One entry as the file API answers it (`schemas.Entry`'s JSON)."""
+
+    name: str
+    path: str
+    type: EntryType
+    size: int
+    mode: str
+    modified: str
+
+
+# `Files.list` shadows the builtin inside the class body.
+EntryRecords = list[EntryRecord]
+
+
+def _type_of(mode: int) -> EntryType:
     if stat.S_ISLNK(mode):
         return "symlink"
     return "dir" if stat.S_ISDIR(mode) else "file"
 
 
-def make_entry(rel: str, st: os.stat_result) -> dict[str, Any]:
+def make_entry(rel: str, st: os.stat_result) -> EntryRecord:
     return {
         "name": posixpath.basename(rel) if rel != "." else "",
         "path": rel,
@@ -45,7 +63,7 @@ class Files:
         self.ws = workspace
         self.max_upload_bytes = max_upload_bytes
 
-    def stat(self, path: str) -> dict[str, Any]:
+    def stat(self, path: str) -> EntryRecord:
         rel = self.ws.relative(path)
         if rel == ".":
             return make_entry(rel, os.stat(self.ws.root_fd))
@@ -55,17 +73,17 @@ class Files:
             except OSError as exc:
                 raise fs_error(exc, rel) from exc
 
-    def list(self, path: str, depth: int) -> list[dict[str, Any]]:
+    def list(self, path: str, depth: int) -> EntryRecords:
         if not 1 <= depth <= MAX_LIST_DEPTH:
             raise SandcellError(
                 ErrorCode.BAD_REQUEST, f"depth must be between 1 and {MAX_LIST_DEPTH}"
             )
         rel = self.ws.relative(path)
-        entries: list[dict[str, Any]] = []
+        entries: EntryRecords = []
         self._list_into(rel, depth, entries)
         return entries
 
-    def _list_into(self, rel: str, depth: int, out: list[dict[str, Any]]) -> None:
+    def _list_into(self, rel: str, depth: int, out: EntryRecords) -> None:
         with self.ws.fd(rel, os.O_RDONLY | os.O_DIRECTORY) as dir_fd:
             try:
                 children = sorted(os.scandir(dir_fd), key=lambda e: e.name)
@@ -83,7 +101,7 @@ class Files:
             if depth > 1 and stat.S_ISDIR(st.st_mode):
                 self._list_into(child, depth - 1, out)
 
-    def mkdir(self, path: str, parents: bool) -> dict[str, Any]:
+    def mkdir(self, path: str, parents: bool) -> EntryRecord:
         rel = self.ws.relative(path)
         if parents:
             self.ws.makedirs(rel)
@@ -95,7 +113,7 @@ class Files:
                     raise fs_error(exc, rel) from exc
         return self.stat(rel)
 
-    def move(self, src: str, dst: str, overwrite: bool) -> dict[str, Any]:
+    def move(self, src: str, dst: str, overwrite: bool) -> EntryRecord:
         src_rel, dst_rel = self.ws.relative(src), self.ws.relative(dst)
         self.ws.rename(src_rel, dst_rel, overwrite)
         return self.stat(dst_rel)
@@ -141,7 +159,7 @@ class Files:
         chunks: AsyncIterable[bytes],
         declared_size: int | None,
         before_commit: Callable[[], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> EntryRecord:
         """Streams into a temp file next to the target, then renames it into place.
 
         `before_commit` runs once the body is complete (the request-token body check), so a

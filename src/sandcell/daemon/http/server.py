@@ -69,14 +69,15 @@ class Server:
 def _uvicorn_websockets(app: ASGIApp) -> Callable[[], asyncio.Protocol]:
     """uvicorn's WebSocket protocol, set up as uvicorn's server set it up for the daemon."""
     from uvicorn.config import Config
+    from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
     from uvicorn.server import ServerState
 
     config = Config(  # wsproto: the one WebSocket library, as on the router's side
         app, lifespan="off", proxy_headers=False, log_level="warning", ws="wsproto"
     )
-    config.load()
+    config.load()  # ws="wsproto": its ws_protocol_class is WSProtocol
     state = ServerState()
-    return lambda: config.ws_protocol_class(config=config, server_state=state, app_state={})
+    return lambda: WSProtocol(config=config, server_state=state, app_state={})
 
 
 class Connection(asyncio.Protocol):

@@ -75,6 +75,8 @@ def _control(process: Process, text: str) -> None:
     if not isinstance(message, dict) or message.get("type") != "resize":
         raise SandcellError(ErrorCode.BAD_REQUEST, 'the only control frame is {"type": "resize"}')
     cols, rows = message.get("cols"), message.get("rows")
-    if not all(isinstance(v, int) and 0 < v <= 10_000 for v in (cols, rows)):
+    if not (isinstance(cols, int) and isinstance(rows, int)) or not (
+        0 < cols <= 10_000 and 0 < rows <= 10_000
+    ):
         raise SandcellError(ErrorCode.BAD_REQUEST, "resize needs cols and rows in 1..10000")
     process.resize(cols, rows)

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any, Literal, TypedDict
 
 from sandcell.daemon.exec import tree
 from sandcell.daemon.exec.runner import DRAIN_GRACE_S, Runner, exit_status, wait_exited
@@ -51,6 +51,30 @@ class Launch:
     pty: tuple[int, int] | None  # (cols, rows)
     tag: str | None
     buffer_bytes: int
+
+
+class ExitRecord(TypedDict):
+    """How a process ended, as the process API reports it."""
+
+    exit_code: int | None  # None while it runs
+    signal: int | None
+    timed_out: bool
+
+
+class ProcessRecord(ExitRecord):
+    """A process as the process API lists it (`cellapi.processes.ProcessInfo`'s JSON)."""
+
+    pid: int
+    tag: str | None
+    command: str | list[str]
+    cwd: str
+    pty: bool
+    started_at: str
+    state: Literal["running", "exited"]
+
+
+# `ProcessTable.list` shadows the builtin inside the class body.
+ProcessRecords = list[ProcessRecord]
 
 
 class _LogReader(asyncio.Protocol):
@@ -98,7 +122,7 @@ class Process:
         self.started_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         self.log = OutputLog(self.log_streams, launch.buffer_bytes)
         self.log.hold_for_first_reader(FIRST_READER_HOLD_S)
-        self.exit: dict[str, Any] | None = None
+        self.exit: ExitRecord | None = None
         self.timed_out = False
         self._open_streams = set(self.log_streams)
         self._drained = asyncio.Event()
@@ -110,8 +134,8 @@ class Process:
     def log_streams(self) -> tuple[str, ...]:
         return PTY_STREAMS if self.pty else PIPE_STREAMS
 
-    def info(self) -> dict[str, Any]:
-        exit = self.exit or {"exit_code": None, "signal": None, "timed_out": False}
+    def info(self) -> ProcessRecord:
+        exit: ExitRecord = self.exit or {"exit_code": None, "signal": None, "timed_out": False}
         return {
             "pid": self.pid,
             "tag": self.launch.tag,
@@ -125,13 +149,20 @@ class Process:
 
     async def attach(self) -> None:
         loop = asyncio.get_running_loop()
+        sources: dict[str, IO[bytes]]
         if self.pty is not None:
             sources = {"pty": os.fdopen(os.dup(self.pty.master), "rb", buffering=0)}
         else:
-            sources = {"stdout": self.proc.stdout, "stderr": self.proc.stderr}
+            stdout, stderr = self.proc.stdout, self.proc.stderr
+            # Without a pty the process is spawned with stdout and stderr on pipes (`_spawn`).
+            assert stdout is not None and stderr is not None
+            sources = {"stdout": stdout, "stderr": stderr}
         for stream, pipe in sources.items():
-            transport, _ = await loop.connect_read_pipe(lambda s=stream: _LogReader(s, self), pipe)
+            transport, _ = await loop.connect_read_pipe(self._reader_of(stream), pipe)
             self._transports.append(transport)
+
+    def _reader_of(self, stream: str) -> Callable[[], _LogReader]:
+        return lambda: _LogReader(stream, self)
 
     def stream_closed(self, stream: str) -> None:
         self._open_streams.discard(stream)
@@ -237,7 +268,7 @@ class ProcessTable:
         self._exited: OrderedDict[int, Process] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> ProcessRecords:
         return [p.info() for p in (*self._running.values(), *self._exited.values())]
 
     def get(self, pid: int | str) -> Process:
@@ -353,10 +384,16 @@ def _stdin_fd(proc: subprocess.Popen[bytes], pty: terminal.Pty | None) -> int | 
     return proc.stdin.fileno() if proc.stdin is not None else None
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    """A reader's or writer's callback: the waiting future done, once."""
+    if not future.done():
+        future.set_result(None)
+
+
 async def _writable(fd: int) -> None:
     loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+    ready: asyncio.Future[None] = loop.create_future()
+    loop.add_writer(fd, _settle, ready)
     try:
         await ready
     finally:
