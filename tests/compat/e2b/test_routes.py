@@ -85,12 +85,21 @@ def test_every_operation_refuses_a_call_without_its_credential(
             attempts = [{}, {"X-API-KEY": "not-a-key"}, {"X-API-KEY": "e2b_00ff"}]
         else:
             attempts = [
-                {},
                 {"E2b-Sandbox-Id": sbx.sandbox_id},
                 {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": other_token},
                 {"E2b-Sandbox-Id": "sbx-0000", "X-Access-Token": sbx._envd_access_token or ""},
-                {"X-Access-Token": sbx._envd_access_token or ""},
+                # No id: the token names the sandbox, but under a forged MAC.
+                {"X-Access-Token": f"{sbx.sandbox_id}.{other_token}"},
             ]
+            # Neither an id nor a token naming one: a missing sandbox id, said as such.
+            for headers in ({}, {"X-Access-Token": other_token}):
+                with _stranger(e2b_server) as client:
+                    answer = client.request(method, url, headers=headers, content=b"{}")
+                label = f"{method} {path} {sorted(headers)}"
+                assert answer.status_code == 400, f"{label}: {answer.status_code}"
+                body = answer.json()
+                assert body["code"] == ("invalid_argument" if connect else 400), label
+                assert "missing sandbox id" in body["message"], label
         for headers in attempts:
             with _stranger(e2b_server) as client:
                 answer = client.request(method, url, headers=headers, content=b"{}")

@@ -1,5 +1,6 @@
 """envdAccessToken on both stores: minted, checked, and kept nowhere (only the server key
-that MACs them is stored, sealed), so a deleted sandbox leaves no token behind."""
+that MACs them is stored, sealed), so a deleted sandbox leaves no token behind; each names
+its sandbox under the MAC."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ async def test_tokens_on_each_store(store: Store) -> None:
     assert not await tokens.check("sbx-a", first[:-1] + ("A" if first[-1] != "A" else "B"))
     assert not await tokens.check("sbx-a", "")
     assert not await tokens.check("sbx-a", "x" * 10_000)
+    # A token names its sandbox, under its MAC: calls without E2b-Sandbox-Id route by it.
+    assert first.startswith("sbx-a.")
+    assert await tokens.sandbox_of(first) == "sbx-a"
+    nonce_mac = first.removeprefix("sbx-a.")
+    assert await tokens.sandbox_of(f"sbx-b.{nonce_mac}") is None  # renamed: the MAC fails
+    assert not await tokens.check("sbx-b", f"sbx-b.{nonce_mac}")
+    assert await tokens.sandbox_of(nonce_mac) is None  # names none
+    assert await tokens.sandbox_of(first[:-1] + ("A" if first[-1] != "A" else "B")) is None
+    assert await tokens.sandbox_of("") is None
+    assert AccessTokens.names(f"sbx-b.{nonce_mac}") == "sbx-b"  # claimed, not checked
+    assert await tokens.check("sbx-a", nonce_mac)  # tokens minted before ids were carried
     # Another replica, with its own cache, checks the same tokens (one sealed key).
     assert await AccessTokens(store).check("sbx-a", first)
     assert await store.get_secret(KEY_NAME) is not None

@@ -1,11 +1,12 @@
 """The in-sandbox API ("envd") of E2B as a route table: who may call it, and what serves each
 operation.
 
-Every call names its sandbox (`E2b-Sandbox-Id`) and proves it may use it with the sandbox's
-`X-Access-Token`, minted at create (see `tokens`). Each operation's handler is wrapped once,
-where the table is built (`_secured`): the token is checked and the record found before the
-handler runs, and its errors leave in the shape of its kind (Connect's unary error, or E2B's
-REST error; a stream ends with its error in the stream). The handlers reach the daemon only
+Every call names its sandbox (`E2b-Sandbox-Id`; without it, the access token, which names its
+sandbox under its MAC) and proves it may use it with the sandbox's `X-Access-Token`, minted at
+create (see `tokens`). Each operation's handler is wrapped once, where the table is built
+(`_secured`): the token is checked and the record found before the handler runs, and its
+errors leave in the shape of its kind (Connect's unary error, or E2B's REST error; a stream
+ends with its error in the stream). The handlers reach the daemon only
 through the router core (`Gateway.daemon`).
 
 The code interpreter E2B serves on port 49999 (`/execute`, `/contexts`) shares this table:
@@ -67,13 +68,21 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     """The running sandbox the call names, once its token is checked. The token is checked
     first, so only its holder learns that a sandbox has gone (E2B's "was not found", which
     the SDK turns into `SandboxNotRunningException` and `is_running() == False`)."""
-    sandbox_id = request.headers.get("e2b-sandbox-id", "")
     # The code interpreter's context calls carry only the traffic token; sandcell hands out
     # the same secret as both (see control.py).
     token = request.headers.get("x-access-token") or request.headers.get(
         "e2b-traffic-access-token", ""
     )
-    if not sandbox_id or not await gateway.tokens.check(sandbox_id, token):
+    # Older SDKs (2.20 after `Sandbox.connect()`) send no E2b-Sandbox-Id: the token names
+    # its sandbox, under its MAC, so the call is routed by it (tokens.py).
+    sandbox_id = request.headers.get("e2b-sandbox-id") or gateway.tokens.names(token)
+    if not sandbox_id:
+        raise SandcellError(
+            ErrorCode.BAD_REQUEST,
+            "missing sandbox id: the call has no E2b-Sandbox-Id header and no "
+            "X-Access-Token that names a sandbox",
+        )
+    if not await gateway.tokens.check(sandbox_id, token):
         raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
     record = await gateway.router.store.get_sandbox(sandbox_id)
     if record is None or record.state in GONE:
