@@ -99,6 +99,120 @@ def _timeout(body: dict[str, Any]) -> int | None:
     return value
 
 
+# -- create's fields (SPEC §14.2: each takes effect or is refused by name) -------------------
+
+ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
+# Read by create, or harmless: `secure` asks for envd's access token, which sandcell always
+# requires; `mcp: null`, `iam` without tokens and `volumeMounts: []` ask for nothing.
+CREATE_FIELDS = frozenset(
+    {"templateID", "timeout", "envVars", "metadata", "autoPause", "autoPauseMemory"}
+    | {"autoResume", "allow_internet_access", "network", "secure", "mcp", "iam", "volumeMounts"}
+)
+NETWORK_FIELDS = frozenset({"allowOut", "denyOut", "allowPublicTraffic", "allow_internet_access"})
+
+
+def _refused(field: str, why: str) -> SandcellError:
+    return SandcellError(ErrorCode.BAD_REQUEST, f"{field}: {why}", {"field": field})
+
+
+def _strings(field: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _refused(field, "must be a list of strings")
+    return list(value)
+
+
+def _network(body: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """E2B's egress options as a sandcell policy (SPEC §11), None for the template's default.
+
+    E2B lets everything out unless `denyOut` holds all traffic (`0.0.0.0/0`), and an
+    `allowOut` entry then lets its address through: that is sandcell's `allowlist`; a
+    `denyOut` of some addresses only is `open` with those denied; `allow_internet_access:
+    false` denies all traffic. E2B's default (internet on) is the template's own policy."""
+    net = body.get("network")
+    if net is None:
+        net = {}
+    if not isinstance(net, dict):
+        raise _refused(f"{where}network", "must be an object")
+    for field, value in net.items():
+        if field in NETWORK_FIELDS or value in (None, [], {}, ""):
+            continue
+        raise _refused(
+            f"{where}network.{field}",
+            "sandcell's egress proxies do not offer it (SPEC §11: allow and deny lists only)",
+        )
+    if net.get("allowPublicTraffic") is True:
+        raise _refused(
+            f"{where}network.allowPublicTraffic",
+            "sandcell's exposed ports always need the API key or a signed preview URL",
+        )
+    allow = _strings(f"{where}network.allowOut", net.get("allowOut"))
+    deny = _strings(f"{where}network.denyOut", net.get("denyOut"))
+    internet = body.get("allow_internet_access", net.get("allow_internet_access"))
+    if internet is not None and not isinstance(internet, bool):
+        raise _refused(f"{where}allow_internet_access", "must be a boolean")
+    if internet is False:
+        deny.append("0.0.0.0/0")
+    if not allow and not deny:
+        return None
+    rest = [d for d in deny if d not in ALL_TRAFFIC]
+    if len(rest) < len(deny):
+        return {"egress": "allowlist" if allow else "none", "allow": allow, "deny": rest}
+    return {"egress": "open", "allow": allow, "deny": rest}
+
+
+def _within_max(template: Template, name: str, policy: dict[str, Any] | None, where: str) -> None:
+    """A policy wider than the template's `network_max` is refused naming the E2B fields and
+    the setting that allows it (the manager's own cap check follows for the entries)."""
+    if policy is None:
+        return
+    modes = ("none", "allowlist", "open")
+    if modes.index(policy["egress"]) > modes.index(template.network_max):
+        raise SandcellError(
+            ErrorCode.FORBIDDEN,
+            f"{where}network asks for egress {policy['egress']!r} (E2B lets out what denyOut "
+            f"does not name unless denyOut holds 0.0.0.0/0), wider than template {name!r} "
+            f"allows: its network_max is {template.network_max!r}; an operator allows it "
+            f'with network_max = "{policy["egress"]}" in [templates.{name}]',
+            {"field": "network", "setting": "network_max", "limit": template.network_max},
+        )
+
+
+def _lifecycle(body: dict[str, Any]) -> dict[str, Any]:
+    """E2B's `autoPause` (`on_timeout: "pause"`) and `autoResume` as SPEC §13's options. A
+    pause keeps the files only, whatever `autoPauseMemory` says (docs/e2b.md)."""
+    out: dict[str, Any] = {}
+    auto_pause = body.get("autoPause")
+    if auto_pause is not None:
+        if not isinstance(auto_pause, bool):
+            raise _refused("autoPause", "must be a boolean")
+        out["on_timeout"] = "pause" if auto_pause else "delete"
+    resume = body.get("autoResume")
+    if resume is not None:
+        enabled = resume.get("enabled") if isinstance(resume, dict) else None
+        if not isinstance(enabled, bool):
+            raise _refused("autoResume", 'must be {"enabled": true|false}')
+        out["auto_resume"] = enabled
+    elif auto_pause:
+        out["auto_resume"] = False  # E2B: a paused sandbox resumes on traffic only if asked
+    return out
+
+
+def _harmless(body: dict[str, Any]) -> None:
+    for field in sorted(set(body) - CREATE_FIELDS):
+        raise _refused(field, "sandcell does not know this field of E2B's create")
+    if body.get("mcp") not in (None, {}):
+        raise _refused("mcp", "sandcell runs no MCP gateway inside sandboxes")
+    iam = body.get("iam")
+    if iam not in (None, {}) and (not isinstance(iam, dict) or iam.get("tokens")):
+        raise _refused("iam", "sandcell has no workload identity tokens (see SPEC §17 secrets)")
+    if body.get("volumeMounts") not in (None, []):
+        raise _refused("volumeMounts", "sandcell has no volumes; snapshots keep files (§13)")
+    if body.get("secure") not in (None, True, False):
+        raise _refused("secure", "must be a boolean")
+
+
 def _matches(row: dict[str, Any], request: Request) -> bool:
     """E2B's list filters: `metadata` (an urlencoded `k=v&...` string) and `state`."""
     # The SDK quotes each key and value, then urlencodes the lot: two decodings.
@@ -148,12 +262,20 @@ def _view(gateway: Gateway, record: SandboxRecord) -> dict[str, Any]:
 
 async def create(gateway: Gateway, principal: Principal, request: Request) -> Response:
     body = await json_body(request, MAX_BODY)
+    if not isinstance(body, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+    _harmless(body)
     template = _template(body.get("templateID"))
-    create = {
+    create: dict[str, Any] = {
         "template": template,
         "env": body.get("envVars") or {},
         "metadata": body.get("metadata") or {},
+        **_lifecycle(body),
     }
+    network = _network(body, "")
+    _within_max(gateway.router.manager.template(template), template, network, "")
+    if network is not None:
+        create["network"] = network
     if (timeout := _timeout(body)) is not None:
         create["idle_timeout_s"] = timeout
     req = parse_model(schemas.CreateSandbox, json.dumps(create).encode())
@@ -208,6 +330,20 @@ async def metrics(gateway: Gateway, principal: Principal, request: Request) -> R
     )
 
 
+async def update_network(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """E2B's update replaces the whole egress configuration: what it leaves out is the
+    template's default again, as a create without those fields."""
+    record = await _owned(gateway, principal, request)
+    body = await json_body(request, MAX_BODY)
+    if not isinstance(body, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+    template = gateway.router.manager.template(record.template)
+    policy = _network({"network": body}, "")
+    _within_max(template, record.template, policy, "")
+    await gateway.router.manager.set_network(record, policy)
+    return Response(status_code=204)
+
+
 async def pause(gateway: Gateway, principal: Principal, request: Request) -> Response:
     """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
     an already paused sandbox is E2B's 409, which its SDK reads as "already paused". So the
@@ -242,6 +378,21 @@ class NewSandbox(BaseModel):
     timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
     envVars: dict[str, str] | None = None
     metadata: dict[str, str] | None = None
+    autoPause: bool | None = None
+    autoPauseMemory: bool | None = None
+    autoResume: dict[str, bool] | None = None
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    secure: bool | None = None
+
+
+class NetworkUpdate(BaseModel):
+    """E2B's SandboxNetworkUpdateConfig (allowOut, denyOut, allow_internet_access)."""
+
+    model_config = ConfigDict(extra="allow")
+    allowOut: list[str] | None = None
+    denyOut: list[str] | None = None
+    allow_internet_access: bool | None = None
 
 
 class Timeout(BaseModel):
@@ -319,6 +470,15 @@ OPERATIONS = (
         for v in ("", "/v2")
     ),
     _op("GET", f"{_SBX}/metrics", metrics, "the latest metrics sample", errors=(409, 501)),
+    _op(
+        "PUT",
+        f"{_SBX}/network",
+        update_network,
+        "replace the egress policy (SPEC §11)",
+        body=NetworkUpdate,
+        status=204,
+        errors=(400, 403),
+    ),
     _op("POST", f"{_SBX}/pause", pause, "pause (files kept)", status=204, errors=(409,)),
     _op(
         "POST",
