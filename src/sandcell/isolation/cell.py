@@ -13,6 +13,7 @@ goes with its last process, the workspace is unmounted and its directory deleted
 
 from __future__ import annotations
 
+import builtins  # `LocalCells.list` shadows the builtin in its class body
 import contextlib
 import json
 import logging
@@ -214,7 +215,7 @@ class LocalCells:
                 infos.append(info)
         return infos
 
-    def destroy_all(self) -> list[str]:
+    def destroy_all(self) -> builtins.list[str]:
         """Destroys every cell under this directory, records or not; returns their ids
         (shutting a host down, cleaning up after tests and benchmarks)."""
         ids = [i.cell_id for i in self.list()] + self.leftovers()
@@ -222,7 +223,7 @@ class LocalCells:
             self.destroy(cell_id)
         return ids
 
-    def leftovers(self) -> list[str]:
+    def leftovers(self) -> builtins.list[str]:
         """Cell directories without a readable record (a crash mid-create): to destroy."""
         return [c.name for c in self.cells_dir.iterdir() if self._read_info(c) is None]
 

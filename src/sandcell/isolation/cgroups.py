@@ -94,9 +94,10 @@ def _own_dir(fstype: str, controller: str | None) -> str | None:
         hier_id, controllers, path = line.split(":", 2)
         for name in controllers.split(",") if hier_id != "0" else [None]:
             own[name] = path
-    path = own.get(controller)
-    if path is None:
+    own_path = own.get(controller)
+    if own_path is None:
         return None
+    path = own_path
     for line in _read("/proc/self/mountinfo").splitlines():
         fields, _, fs_fields = line.partition(" - ")
         root, mountpoint = (_unescape(f) for f in fields.split()[3:5])

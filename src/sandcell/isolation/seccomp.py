@@ -16,6 +16,10 @@ import itertools
 import tempfile
 from collections.abc import Iterator
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # no type information (pyproject.toml): both are Any to mypy
+    from pyseccomp import Arg, SyscallFilter
 
 
 def _import_pyseccomp() -> ModuleType:
@@ -145,7 +149,7 @@ def _complement(allowed: tuple[int, ...]) -> Iterator[tuple[int, int]]:
         yield from _aligned_blocks(low + 1, high - 1)
 
 
-def _add(flt: pyseccomp.SyscallFilter, action: int, name: str, *args: pyseccomp.Arg) -> None:
+def _add(flt: "SyscallFilter", action: int, name: str, *args: "Arg") -> None:
     """Add a rule, skipping syscalls this libseccomp or architecture does not know."""
     nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
     if nr >= 0:

@@ -220,8 +220,13 @@ def _plan(spec: ImageSpec, staging: Path) -> list[_Planned]:
         plan.append(_Planned("pip", lambda _: pip_step))
     for number, command in enumerate(spec.run, 1):
         run = Step(["/bin/sh", "-c", command], image_root=rootfs, chdir=spec.workdir or "/")
-        plan.append(_Planned(f"run {number}", lambda _, run=run: run))
+        plan.append(_Planned(f"run {number}", _made(run)))
     return plan
+
+
+def _made(step: Step) -> Callable[[Path], Step]:
+    """A step made already, whatever the staging dir."""
+    return lambda _: step
 
 
 def _unpack(archive: Path, staging: Path, max_bytes: int) -> Step:

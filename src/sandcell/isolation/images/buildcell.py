@@ -233,7 +233,8 @@ class BuildCells:
 
 def _join_cgroup(cgroup: cgroups.CellCgroup | None) -> list[str]:
     q = shlex.quote
-    return ["set -eu", *(f"echo $$ > {q(p)}" for p in cgroup.procs_files if cgroup), "ulimit -c 0"]
+    procs_files = cgroup.procs_files if cgroup is not None else []
+    return ["set -eu", *(f"echo $$ > {q(p)}" for p in procs_files), "ulimit -c 0"]
 
 
 def _mapped_argv(step: Step) -> list[str]:
