@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -464,6 +465,31 @@ class Router:
         if refreshed is None:
             raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return refreshed
+
+    async def set_end(
+        self, record: SandboxRecord, timeout_s: int, *, extend_only: bool = False
+    ) -> SandboxRecord:
+        """A deadline timeout (E2B's, SPEC §14.2): the sandbox ends `timeout_s` from now,
+        sooner or later than before (its lifetime and its idle timeout both), at most the
+        template's max_lifetime_s from now; with `extend_only` a later end is kept. A paused
+        sandbox wakes first, as for any call."""
+        from sandcell.manager.manager import within_lifetime
+
+        within_lifetime(self.manager.template(record.template), timeout=timeout_s)
+        record = await self.ready(record)
+        for _ in range(3):  # lost to a concurrent write of the record: read it again
+            fresh = await self.store.get_sandbox(record.id)
+            if fresh is None:
+                raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+            now = time.time()
+            if extend_only and fresh.deadline >= now + timeout_s:
+                return fresh
+            ended = dataclasses.replace(
+                fresh, expires_at=now + timeout_s, idle_timeout_s=timeout_s, last_activity_at=now
+            )
+            if await self.store.transition(ended, ("running",)):
+                return ended
+        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is changing; retry")
 
     # -- the hop ---------------------------------------------------------------------------
 

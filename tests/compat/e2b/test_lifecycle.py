@@ -5,6 +5,9 @@ a running sandbox's timeout."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from e2b import Sandbox
@@ -33,3 +36,82 @@ def test_lifecycle_pause_and_auto_resume_take_effect(
     finally:
         for sbx in (paused, plain, killed):
             sbx.kill()
+
+
+def _end(server: RunningServer, key: str, sandbox_id: str) -> float:
+    record = _record(server, key, sandbox_id)
+    return datetime.fromisoformat(record["expires_at"].replace("Z", "+00:00")).timestamp()
+
+
+def _gone_or_paused(server: RunningServer, key: str, sandbox_id: str) -> str:
+    with server.client(key) as c:
+        answer = c.get(f"/v1/sandboxes/{sandbox_id}")
+    if answer.status_code == 404:
+        return "gone"
+    state = answer.raise_for_status().json()["state"]
+    return state if state in ("paused", "deleted") else ""
+
+
+def _within(deadline_s: float, check: Callable[[], str]) -> str:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if found := check():
+            return found
+        time.sleep(0.25)
+    return check()
+
+
+def test_set_timeout_sets_the_end_from_now_shorter_or_longer(
+    e2b_server: RunningServer, e2b_env: dict[str, str]
+) -> None:
+    key = e2b_env["E2B_API_KEY"]
+    sbx = Sandbox.create(timeout=600)
+    try:
+        assert abs(_end(e2b_server, key, sbx.sandbox_id) - (time.time() + 600)) < 30
+        sbx.set_timeout(1200)  # longer than the create's
+        assert abs(_end(e2b_server, key, sbx.sandbox_id) - (time.time() + 1200)) < 30
+        sbx.set_timeout(120)  # shorter
+        assert abs(_end(e2b_server, key, sbx.sandbox_id) - (time.time() + 120)) < 30
+        info = sbx.get_info()
+        assert abs(info.end_at.timestamp() - (time.time() + 120)) < 30
+    finally:
+        sbx.kill()
+
+
+def test_set_timeout_5_ends_the_sandbox_soon_after(
+    e2b_server: RunningServer, e2b_env: dict[str, str]
+) -> None:
+    key = e2b_env["E2B_API_KEY"]
+    sbx = Sandbox.create(timeout=300)
+    kept = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
+    try:
+        started = time.monotonic()
+        sbx.set_timeout(5)
+        kept.files.write("/home/user/kept.txt", "still here")
+        kept.set_timeout(5)
+        # The reaper runs every 5 s: gone within the timeout, a pass and some slack.
+        assert _within(20, lambda: _gone_or_paused(e2b_server, key, sbx.sandbox_id)) in (
+            "gone",
+            "deleted",
+        )
+        assert time.monotonic() - started >= 4
+        assert _within(20, lambda: _gone_or_paused(e2b_server, key, kept.sandbox_id)) == "paused"
+        resumed = Sandbox.connect(kept.sandbox_id)
+        assert resumed.files.read("/home/user/kept.txt") == "still here"
+    finally:
+        sbx.kill()
+        kept.kill()
+
+
+def test_connect_extends_a_running_sandboxs_timeout(
+    e2b_server: RunningServer, e2b_env: dict[str, str]
+) -> None:
+    key = e2b_env["E2B_API_KEY"]
+    sbx = Sandbox.create(timeout=60)
+    try:
+        Sandbox.connect(sbx.sandbox_id, timeout=900)
+        assert abs(_end(e2b_server, key, sbx.sandbox_id) - (time.time() + 900)) < 30
+        Sandbox.connect(sbx.sandbox_id, timeout=120)  # shorter: the later end is kept
+        assert abs(_end(e2b_server, key, sbx.sandbox_id) - (time.time() + 900)) < 30
+    finally:
+        sbx.kill()

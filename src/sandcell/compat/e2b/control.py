@@ -39,6 +39,7 @@ TEMPLATES = {"base": "default", "code-interpreter-v1": "code-interpreter"}
 MAX_BODY = 1_048_576
 HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
 MAX_TIMEOUT_S = 604_800  # as /v1's idle_timeout_s
+DEFAULT_TIMEOUT_S = 300  # E2B's, when connect names none
 SECURITY = ("e2bApiKey",)
 SCHEME = {
     "type": "apiKey",
@@ -277,7 +278,8 @@ async def create(gateway: Gateway, principal: Principal, request: Request) -> Re
     if network is not None:
         create["network"] = network
     if (timeout := _timeout(body)) is not None:
-        create["idle_timeout_s"] = timeout
+        # E2B's timeout is a deadline from now: the lifetime, and no idle end before it.
+        create["idle_timeout_s"] = create["max_lifetime_s"] = timeout
     req = parse_model(schemas.CreateSandbox, json.dumps(create).encode())
     sandbox = schemas.sandbox_view(await gateway.router.create(principal, req))
     return JSONResponse(await _created(gateway, sandbox, body.get("templateID") or "base"), 201)
@@ -299,15 +301,25 @@ async def kill(gateway: Gateway, principal: Principal, request: Request) -> Resp
 
 
 async def set_timeout(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """E2B's timeout is a deadline: the sandbox ends `timeout` from now, sooner or later."""
     record = await _owned(gateway, principal, request)
-    await gateway.router.keepalive(record, _timeout(await json_body(request, MAX_BODY)))
+    timeout = _timeout(await json_body(request, MAX_BODY))
+    if timeout is None:
+        raise _refused("timeout", "is required")
+    await gateway.router.set_end(record, timeout)
     return Response(status_code=204)
 
 
 async def connect(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """As E2B: a running sandbox's end moves to `timeout` from now if that is later (E2B's
+    default timeout, 300 s, when none is given); a paused one resumes with that end."""
     record = await _owned(gateway, principal, request)
-    timeout = _timeout(await json_body(request, MAX_BODY))
-    sandbox = schemas.sandbox_view(await gateway.router.keepalive(record, timeout))
+    timeout = _timeout(await json_body(request, MAX_BODY)) or DEFAULT_TIMEOUT_S
+    was_running = record.state == "running"
+    if record.state == "paused":  # connecting resumes it, auto_resume or not (as E2B)
+        record = await persistence.resume_sandbox(gateway.router, record)
+    ended = await gateway.router.set_end(record, timeout, extend_only=was_running)
+    sandbox = schemas.sandbox_view(ended)
     return JSONResponse(await _created(gateway, sandbox, sandbox["template"]), 200)
 
 
