@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from cells.conftest import Cell
 
 
@@ -45,6 +47,7 @@ def test_a_module_dropped_into_the_workspace_imports(cell: Cell) -> None:
     cell.run("rm -rf pkgs")
 
 
+@pytest.mark.slow
 def test_pip_works_offline_for_local_packages(cell: Cell) -> None:
     assert cell.run("python3 -m pip --version")["stdout"].startswith("pip ")
     r = cell.sh(

@@ -62,6 +62,7 @@ def servers() -> Iterator[list[RunningServer]]:
         stop_and_clean(server)
 
 
+@pytest.mark.slow
 def test_banner_graceful_stop_and_adoption(tmp_path: Path, servers: list[RunningServer]) -> None:
     first = launch(tmp_path, warm_pool=2)
     servers.append(first)
@@ -111,6 +112,7 @@ def test_banner_graceful_stop_and_adoption(tmp_path: Path, servers: list[Running
     assert "0 sandboxes stay running" in second.log.read_text()
 
 
+@pytest.mark.slow
 def test_json_logs_without_access_log_and_cleanup_on_exit(
     tmp_path: Path, servers: list[RunningServer]
 ) -> None:
@@ -149,6 +151,7 @@ def test_bad_log_options_are_refused(tmp_path: Path) -> None:
         assert done.returncode == 2 and "must be one of" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_store_outage_is_told_once_each_way(
     tmp_path: Path, own_redis: tuple[subprocess.Popen[bytes], str], servers: list[RunningServer]
 ) -> None:
@@ -187,6 +190,7 @@ def test_a_missing_layer_is_told_loudly(caplog: pytest.LogCaptureFixture) -> Non
     assert "templates ['default'] refuse to start (503 ISOLATION_UNAVAILABLE)" in detail
 
 
+@pytest.mark.slow
 def test_a_failed_start_says_why_and_leaves_nothing(tmp_path: Path) -> None:
     """A port already taken, a store that does not answer: one clear line, exit 3, no cell."""
     config = tmp_path / "sandcell.toml"

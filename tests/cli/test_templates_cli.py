@@ -14,6 +14,8 @@ import pytest
 from sdk.helpers import stop_and_clean
 from support.server import SMALL_TEMPLATE, RunningServer, sandcell_bin, start_server
 
+pytestmark = pytest.mark.slow  # a server of its own
+
 # A base long enough that the row is wider than the 80 columns rich assumes off a terminal.
 LONG_BASE = "oci-archive:images/python-3.12-slim-bookworm-with-the-scientific-stack.tar"
 CONFIG = (

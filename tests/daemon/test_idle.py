@@ -6,6 +6,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from support.daemons import RunningDaemon
 
 
@@ -17,6 +19,7 @@ def _wakeups(pid: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches in /proc status")
 
 
+@pytest.mark.slow
 def test_idle_daemon_does_not_tick(fresh_daemon: RunningDaemon) -> None:
     fresh_daemon.initialize()
     time.sleep(0.3)  # the initialising request's connection settles

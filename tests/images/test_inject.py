@@ -15,7 +15,10 @@ from sandcell.isolation.images.oci import unpack
 from sandcell.isolation.images.stage import root_args
 from support import oci
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+    pytest.mark.slow,
+]
 
 
 def test_the_injected_runtime_runs_the_daemon_in_a_busybox_root(tmp_path: Path) -> None:

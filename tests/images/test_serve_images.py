@@ -72,6 +72,7 @@ def _cli(server: RunningServer, key: str, *args: str) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.slow
 def test_an_image_template_is_409_until_built_then_runs_on_its_image(
     server: RunningServer, admin: ClientConfig, user: ClientConfig
 ) -> None:

@@ -162,6 +162,7 @@ async def test_cancelled_create_leaves_no_pod(cluster, make_backend):
     await until(lambda: cluster.pods() == [])
 
 
+@pytest.mark.slow
 async def test_active_deadline_ends_the_pod(cluster, make_backend):
     backend = make_backend({"short": {"max_lifetime_s": 3}}, max_pool_wait_s=0)
     policy = Template(**SMALL).policy()
@@ -228,6 +229,7 @@ async def test_fake_refuses_a_root_pod(cluster):
     assert "runAsNonRoot" in cluster.pod("rooty")["status"]["message"]
 
 
+@pytest.mark.slow
 async def test_an_image_template_runs_the_daemon_injected_by_the_init_container(
     cluster, make_backend
 ):

@@ -348,6 +348,7 @@ def test_a_token_for_one_sandbox_never_works_on_another(server, key, sandboxes):
 # -- 4. guessing API keys -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_api_key_guessing_is_rate_limited(server, key, figures):
     statuses = []
     with _client(server, "127.0.3.1", "Bearer sc_wrong") as guesser:

@@ -239,6 +239,7 @@ def test_broken_content_length_is_refused(server, key, length):
 # -- huge headers -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_huge_and_many_headers_do_not_break_the_router(server, c, sid):
     before = rss_bytes(server.proc.pid)
     for headers in (

@@ -243,6 +243,7 @@ def test_a_silent_connection_is_dropped_after_the_header_timeout(server):
     assert HEADER_TIMEOUT_S - 0.5 < time.monotonic() - started < HEADER_TIMEOUT_S + 2
 
 
+@pytest.mark.slow
 def test_a_dribbled_head_is_dropped_after_the_header_timeout(server):
     """Slowloris: a byte of head every half second never makes a request."""
     s = _connect(server)

@@ -195,6 +195,7 @@ def test_disk_full_is_a_clear_error_and_the_daemon_survives(c, figures):
 # -- a flood of output -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stdout_flood_caps_hold_and_memory_is_bounded(server, c, figures):
     sid = _create(c)
     cell = cell_of(server, c, sid)

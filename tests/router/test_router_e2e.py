@@ -257,6 +257,7 @@ def test_sigkill_and_restart_loses_nothing_and_leaks_nothing(tmp_path):
     assert _cells(data) == set()
 
 
+@pytest.mark.slow
 def test_the_sandbox_limit_holds_under_concurrent_creates(tmp_path):
     """Nine creates at once against a limit of three: three sandboxes, six 429s (counting
     first and creating after would let all nine through)."""

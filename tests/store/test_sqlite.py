@@ -129,6 +129,7 @@ def test_eight_threads_touching_at_once(db: Path, sealer: Sealer, shared: bool) 
     asyncio.run(setup.close())
 
 
+@pytest.mark.slow
 def test_processes_opening_a_fresh_file_at_once_all_get_in(tmp_path: Path, sealer: Sealer) -> None:
     """Switching a fresh file to WAL does not wait on the busy handler: without a retry,
     about one of a thousand concurrent opens failed with "database is locked"."""
