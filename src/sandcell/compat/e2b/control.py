@@ -24,22 +24,26 @@ from starlette.responses import JSONResponse, Response
 from sandcell.compat.e2b import errors
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import STATUS, ErrorCode, SandcellError
 from sandcell.http.bodies import parse_model
 from sandcell.http.openapi import Endpoint, Operation, Query
+from sandcell.manager.manager import within_lifetime
 from sandcell.manager.templates import Template
 from sandcell.router import persistence, schemas
 from sandcell.router.auth import Principal
 from sandcell.router.usage import metrics_of
-from sandcell.store import SandboxRecord
+from sandcell.store import SandboxRecord, SnapshotRecord
 
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.3"
 CLIENT_ID = "sandcell"
 TEMPLATES = {"base": "default", "code-interpreter-v1": "code-interpreter"}
 MAX_BODY = 1_048_576
 HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
 MAX_TIMEOUT_S = 604_800  # as /v1's idle_timeout_s
 DEFAULT_TIMEOUT_S = 300  # E2B's, when connect names none
+SNAPSHOT = re.compile(schemas.SNAPSHOT_ID)
+MAX_PAGE = 100  # E2B's default and largest page
+MAX_FORKS = 20  # E2B's bound on count
 SECURITY = ("e2bApiKey",)
 SCHEME = {
     "type": "apiKey",
@@ -267,8 +271,15 @@ async def create(gateway: Gateway, principal: Principal, request: Request) -> Re
         raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     _harmless(body)
     template = _template(body.get("templateID"))
+    snapshot = None
+    if SNAPSHOT.match(template):  # E2B starts a sandbox from a snapshot by its id
+        snapshot = await gateway.router.manager.snapshots.owned(
+            None if principal.admin else principal.name, template
+        )
+        template = snapshot.template
     create: dict[str, Any] = {
         "template": template,
+        **({"snapshot": snapshot.id} if snapshot else {}),
         "env": body.get("envVars") or {},
         "metadata": body.get("metadata") or {},
         **_lifecycle(body),
@@ -356,6 +367,124 @@ async def update_network(gateway: Gateway, principal: Principal, request: Reques
     return Response(status_code=204)
 
 
+def _snapshot_info(record: SnapshotRecord) -> dict[str, Any]:
+    return {"snapshotID": record.id, "names": [record.name] if record.name else []}
+
+
+def _files_only(body: dict[str, Any]) -> None:
+    memory = body.get("memory")
+    if memory is not None and not isinstance(memory, bool):
+        raise _refused("memory", "must be a boolean")
+
+
+async def create_snapshot(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """SPEC §13's snapshot: the workspace's files (never memory, whatever `mode` says)."""
+    record = await _owned(gateway, principal, request)
+    body = await json_body(request, MAX_BODY)
+    if not isinstance(body, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+    _files_only(body)
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > 128):
+        raise _refused("name", "must be a string of at most 128 characters")
+    snapshot = await gateway.router.manager.snapshots.take(principal.name, record.id, name)
+    return JSONResponse(_snapshot_info(snapshot), 201)
+
+
+def _limit(request: Request, most: int) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return most
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise _refused("limit", f"must be an integer from 1 to {most}")
+    return int(raw)
+
+
+def _page(request: Request, rows: list[Any], key: Callable[[Any], str], most: int) -> Response:
+    """E2B's pagination: `limit` rows after the `nextToken` (here the last row's id), and an
+    `X-Next-Token` header when more follow."""
+    limit = _limit(request, most)
+    after = request.query_params.get("nextToken")
+    if after:
+        ids = [key(r) for r in rows]
+        if after not in ids:
+            raise _refused("nextToken", "names no row of this listing (it may be gone)")
+        rows = rows[ids.index(after) + 1 :]
+    page = rows[:limit]
+    headers = {"X-Next-Token": key(page[-1])} if len(rows) > limit else {}
+    return JSONResponse(page, headers=headers)
+
+
+async def list_snapshots(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    records = await gateway.router.store.list_snapshots(None if principal.admin else principal.name)
+    records.sort(key=lambda r: (r.created_at, r.id))
+    if sandbox_id := request.query_params.get("sandboxID"):
+        records = [r for r in records if r.sandbox_id == sandbox_id]
+    if name := request.query_params.get("name"):
+        records = [r for r in records if r.name == name]
+    rows = [_snapshot_info(r) for r in records]
+    return _page(request, rows, lambda r: r["snapshotID"], MAX_PAGE)
+
+
+async def delete_snapshot(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """E2B deletes a snapshot as a template (`DELETE /templates/{id}`); only snapshot ids
+    name something here (a template is the operator's configuration)."""
+    template_id = request.path_params["template_id"]
+    if not SNAPSHOT.match(template_id):
+        raise SandcellError(
+            ErrorCode.NOT_FOUND, f"{template_id} is not a snapshot; templates are configured"
+        )
+    owner = None if principal.admin else principal.name
+    record = await gateway.router.manager.snapshots.owned(owner, template_id)
+    await gateway.router.manager.snapshots.delete(record)
+    return Response(status_code=204)
+
+
+async def fork(gateway: Gateway, principal: Principal, request: Request) -> Response:
+    """SPEC §13's fork, `count` times from one snapshot of the parent's files; each child
+    has the parent's settings and succeeds or fails on its own, as E2B answers."""
+    parent = await _owned(gateway, principal, request)
+    body = await json_body(request, MAX_BODY)
+    if not isinstance(body, dict):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+    timeout = _timeout(body)
+    count = body.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
+        raise _refused("count", f"must be an integer from 1 to {MAX_FORKS}")
+    router = gateway.router
+    if timeout is not None:
+        within_lifetime(router.manager.template(parent.template), timeout=timeout)
+    snapshot = await router.manager.snapshots.take(parent.owner, parent.id, f"fork of {parent.id}")
+    results: list[dict[str, Any]] = []
+    try:
+        for _ in range(count):
+            try:
+                reservation = await router.reserve(parent.owner)
+                child = await router.manager.create_sandbox(
+                    parent.owner,
+                    parent.template,
+                    idle_timeout_s=timeout or parent.idle_timeout_s,
+                    max_lifetime_s=timeout,
+                    env=parent.env,
+                    metadata=parent.metadata,
+                    network=parent.network or None,
+                    reservation=reservation,
+                    auto_resume=parent.auto_resume,
+                    on_timeout=parent.on_timeout,
+                    snapshot=snapshot,
+                    resources=parent.resources,
+                )
+                view = schemas.sandbox_view(child)
+                results.append({"sandbox": await _created(gateway, view, parent.template)})
+            except SandcellError as exc:
+                results.append(
+                    {"error": {"code": STATUS.get(exc.code, 500), "message": exc.message}}
+                )
+    finally:
+        await router.manager.snapshots.delete(snapshot)
+    return JSONResponse(results, 201)
+
+
 async def pause(gateway: Gateway, principal: Principal, request: Request) -> Response:
     """sandcell keeps the files, never memory (SPEC §13), whatever E2B's `memory` asks;
     an already paused sandbox is E2B's 409, which its SDK reads as "already paused". So the
@@ -412,6 +541,18 @@ class Timeout(BaseModel):
     timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
 
 
+class SnapshotRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    memory: bool | None = None
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    timeout: int | None = Field(None, ge=1, le=MAX_TIMEOUT_S)
+    count: int | None = Field(None, ge=1, le=MAX_FORKS)
+
+
 class Created(BaseModel):
     """E2B's Sandbox: what create, connect and resume answer."""
 
@@ -428,6 +569,14 @@ _SBX = "/sandboxes/{sandbox_id}"
 _LIST_QUERY = (
     Query("metadata", {"type": "string"}, description="urlencoded k=v pairs"),
     Query("state", {"type": "string"}, description="running,paused"),
+)
+
+
+_SNAP_QUERY = (
+    Query("sandboxID", {"type": "string"}, description="snapshots of this sandbox"),
+    Query("name", {"type": "string"}),
+    Query("limit", {"type": "integer"}, description=f"at most {MAX_PAGE}"),
+    Query("nextToken", {"type": "string"}, description="from X-Next-Token"),
 )
 
 
@@ -490,6 +639,32 @@ OPERATIONS = (
         body=NetworkUpdate,
         status=204,
         errors=(400, 403),
+    ),
+    _op(
+        "POST",
+        f"{_SBX}/snapshots",
+        create_snapshot,
+        "snapshot the files (SPEC §13)",
+        body=SnapshotRequest,
+        status=201,
+        errors=(400, 409, 413, 501),
+    ),
+    _op("GET", "/snapshots", list_snapshots, "list your snapshots", query=_SNAP_QUERY),
+    _op(
+        "DELETE",
+        "/templates/{template_id}",
+        delete_snapshot,
+        "delete a snapshot (E2B's snapshots are templates)",
+        status=204,
+    ),
+    _op(
+        "POST",
+        f"{_SBX}/fork",
+        fork,
+        "fork: one snapshot, count sandboxes from it",
+        body=ForkRequest,
+        status=201,
+        errors=(400, 409, 501),
     ),
     _op("POST", f"{_SBX}/pause", pause, "pause (files kept)", status=204, errors=(409,)),
     _op(
