@@ -38,7 +38,7 @@ class TemplateImages:
     def __init__(self, store: ImageStore | None, cgroup_parent: str = "sandcell") -> None:
         self.store = store
         self.builder = Builder(store, cgroup_parent) if store is not None else None
-        self._on_ready: list[Callable[[str], None]] = []
+        self._on_ready: list[Callable[[str], object]] = []
 
     @classmethod
     def under(cls, data_dir: Path) -> TemplateImages:

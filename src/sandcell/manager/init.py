@@ -38,6 +38,7 @@ async def initialize(
     deadline = time.monotonic() + timeout_s
     backoff = FIRST_BACKOFF_S
     transport, base = async_transport(endpoint)
+    last: httpx.HTTPError | RuntimeError
     async with httpx.AsyncClient(transport=transport, base_url=base, timeout=5) as client:
         while True:
             token = tokens.mint_bootstrap_token(

@@ -80,7 +80,7 @@ class Manager:
         self.init_timeout_s = init_timeout_s
         self.max_paused_per_key = max_paused_per_key
         self.pools = {
-            name: WarmPool(name, t.warm_pool, lambda t=t: self.prepare(t), backend)
+            name: WarmPool(name, t.warm_pool, self._preparer(t), backend)
             for name, t in templates.items()
         }
         self.init_failures = 0
@@ -184,8 +184,10 @@ class Manager:
                     template, init_env, sandbox_id=sandbox_id, workspace=home, resources=resources
                 )
             else:
-                warm = await self.pools[template_name].claim() if pooled and not resources else None
-                warm = warm or await self.prepare(template, init_env, resources=resources)
+                claimed = (
+                    await self.pools[template_name].claim() if pooled and not resources else None
+                )
+                warm = claimed or await self.prepare(template, init_env, resources=resources)
         except BaseException:
             await _each_step(
                 lambda: self._release(reservation), lambda: self.backend.discard_workspace(home)
@@ -232,6 +234,10 @@ class Manager:
     async def _release(self, reservation: Reservation | None) -> None:
         if reservation is not None:
             await self.store.release_reservation(reservation)
+
+    def _preparer(self, template: Template) -> Callable[[], Awaitable[WarmCell]]:
+        """What a warm pool calls to make one more cell of `template`."""
+        return lambda: self.prepare(template)
 
     async def prepare(
         self,

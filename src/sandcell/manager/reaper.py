@@ -84,7 +84,8 @@ class Reaper:
     async def _dead_daemons(self, skip: set[str], records: list[SandboxRecord]) -> list[str]:
         """Sandboxes whose daemon failed DEAD_AFTER_PROBES health probes in a row (one slow
         answer under load is not a death)."""
-        dead, seen = [], set()
+        dead: list[str] = []
+        seen: set[str] = set()
         for record in records:
             if record.id in skip or record.state != "running":
                 continue  # a deletion under way owns it

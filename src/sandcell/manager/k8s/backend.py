@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, NoReturn
+from collections.abc import AsyncGenerator
+from typing import Any, NoReturn, cast
 
 import httpx2
 import lightkube
 from lightkube import ApiError, AsyncClient, KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, User
+from lightkube.core.client import LabelSelector
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
@@ -35,15 +37,22 @@ class PodFailed(Exception):
 
 def client_config(config: KubernetesConfig) -> SingleConfig:
     if config.api_server:  # anonymous (lightkube's from_server lacks the user it asserts)
-        return KubeConfig.from_one(cluster=Cluster(server=config.api_server), user=User()).get()
+        one = KubeConfig.from_one(cluster=Cluster(server=config.api_server), user=User())
+        return _context(one, None)
     try:
         # In-cluster service account first, then $KUBECONFIG, then ~/.kube/config.
         found = (
             KubeConfig.from_file(config.kubeconfig) if config.kubeconfig else KubeConfig.from_env()
         )
-        return found.get(config.context)
+        return _context(found, config.context)
     except lightkube.ConfigError as exc:
         raise ConfigError(f"[kubernetes]: no usable cluster configuration: {exc}") from None
+
+
+def _context(kubeconfig: KubeConfig, name: str | None) -> SingleConfig:
+    # `get` returns None only as the `default` it is given (none here): without a context
+    # to use it raises ConfigError.
+    return cast(SingleConfig, kubeconfig.get(name))
 
 
 def resume_watch(exc: Exception, attempt: int) -> OnErrorResult:
@@ -149,7 +158,9 @@ class KubernetesBackend:
         refused = False
         try:
             try:
-                created = await self.client.create(Pod.from_dict(manifest))
+                # `from_dict` decodes into the class it is called on (lightkube annotates the
+                # mixin's classmethod as returning its base).
+                created = await self.client.create(cast(Pod, Pod.from_dict(manifest)))
             except ApiError:
                 refused = True  # nothing was made (and a 409's pod is not ours to delete)
                 raise
@@ -169,14 +180,18 @@ class KubernetesBackend:
     async def _until_ready(self, created: Pod) -> Pod:
         """The readiness gate: return once the pod is Running and Ready (its daemon answers
         the readiness probe), watching from the version the create returned."""
-        assert created.metadata is not None
+        assert created.metadata is not None and created.metadata.name is not None
         name, seen = created.metadata.name, created
-        watch = self.client.watch(
-            Pod,
-            namespace=self.config.namespace,
-            fields={"metadata.name": name},
-            resource_version=created.metadata.resourceVersion,
-            on_error=resume_watch,
+        # lightkube annotates `watch` as an AsyncIterable; it is an async generator (closed here).
+        watch = cast(
+            AsyncGenerator[tuple[str, Pod], None],
+            self.client.watch(
+                Pod,
+                namespace=self.config.namespace,
+                fields={"metadata.name": name},
+                resource_version=created.metadata.resourceVersion,
+                on_error=resume_watch,
+            ),
         )
         try:
             async with asyncio.timeout(self.config.ready_timeout_s), contextlib.aclosing(watch):
@@ -220,9 +235,8 @@ class KubernetesBackend:
         """This manager's pods; those that can never serve (ended, or without an IP: never
         started, half-created before a crash) are deleted here, as nothing can adopt them."""
         handles = []
-        pods = self.client.list(
-            Pod, namespace=self.config.namespace, labels=owner_labels(self.config)
-        )
+        labels: LabelSelector = {**owner_labels(self.config)}
+        pods = self.client.list(Pod, namespace=self.config.namespace, labels=labels)
         async for pod in pods:
             assert pod.metadata is not None and pod.metadata.name is not None
             if pod.metadata.deletionTimestamp is not None:
