@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal, Self, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    Protocol,
+    Self,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 State = Literal[
     "creating",
@@ -40,6 +50,12 @@ PAUSED_STATES: tuple[str, ...] = ("pausing", "paused", "resuming")
 Flat = dict[str, str | int | float]
 
 
+class Fields(Protocol):
+    """What `from_dict` reads a record from: a dict, a Redis hash, an `sqlite3.Row`."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
+
 def deadline_of(expires_at: float, last_activity_at: float, idle_timeout_s: int) -> float:
     """When a sandbox must be reaped: at its max lifetime, or after `idle_timeout_s` of silence."""
     return min(expires_at, last_activity_at + idle_timeout_s)
@@ -55,8 +71,7 @@ def _json_dict(value: Any) -> dict[str, Any]:
     return json.loads(value) if isinstance(value, str | bytes) else dict(value)
 
 
-@cache
-def _decoders(cls: type) -> dict[str, Callable[[Any], Any]]:
+def _field_decoders(cls: type) -> dict[str, Callable[[Any], Any]]:
     """Per-field converters that accept both native values and the bytes Redis hands back."""
     decoders: dict[str, Callable[[Any], Any]] = {}
     for name, hint in get_type_hints(cls).items():
@@ -71,20 +86,27 @@ def _decoders(cls: type) -> dict[str, Callable[[Any], Any]]:
     return decoders
 
 
+# Typed as a plain callable: `cache` asks for Hashable arguments, and mypy does not see a
+# record class as one (it checks the class's unbound `__hash__`), though every class is.
+_decoders: Callable[[type], dict[str, Callable[[Any], Any]]] = cache(_field_decoders)
+
+
 class _Record:
     """Serialisation shared by every record type (dataclass fields only, no nesting)."""
 
     __slots__ = ()
+    if TYPE_CHECKING:  # every subclass is a dataclass (not at run time: type hints are fields)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        return tuple(f.name for f in dataclasses.fields(cls))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+    def from_dict(cls, data: Fields) -> Self:
         """Build from `to_dict` or `to_flat` output, or a raw row/hash (extra keys are ignored).
         A field absent from a hash written by an older version (None) takes its default."""
         values = {name: data[name] for name in _decoders(cls)}

@@ -49,9 +49,10 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT, ZSetRangeResponse, ZSetScoredMembers
 
 from .base import (
     RESERVATION_LEASE_S,
@@ -64,7 +65,14 @@ from .base import (
     Store,
 )
 from .crypto import Sealer
-from .records import PARKED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, deadline_of
+from .records import (
+    PARKED_STATES,
+    ApiKeyRecord,
+    Flat,
+    SandboxRecord,
+    SnapshotRecord,
+    deadline_of,
+)
 
 STALE_GRACE_S = 60.0
 
@@ -199,6 +207,33 @@ def _secret_key(name: str) -> str:
     return f"sandcell:secret:{{{name}}}"
 
 
+# The client is made without decode_responses (factory.py), so every reply is bytes; redis-py
+# types replies `bytes | str`, not knowing which its client was made with.
+def _text(reply: bytes | str) -> str:
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def _blob(reply: bytes | str | None) -> bytes | None:
+    assert not isinstance(reply, str), "the client decodes no replies"
+    return reply
+
+
+def _members(entries: ZSetRangeResponse) -> list[str]:
+    """A range's members (asked without scores)."""
+    return [_text(member) for member in cast(list[bytes | str], entries)]
+
+
+def _scored(entries: ZSetRangeResponse) -> list[tuple[str, float]]:
+    """A range asked WITHSCORES: redis-py answers (member, score) pairs, scores as floats."""
+    return [(_text(member), score) for member, score in cast(ZSetScoredMembers, entries)]
+
+
+def _hash(flat: Flat) -> Mapping[EncodableT, EncodableT]:
+    # HSET only reads the mapping; Mapping's key type is invariant, so a str-keyed one is not
+    # taken for a mapping of redis-py's key union, which str is part of.
+    return cast(Mapping[EncodableT, EncodableT], flat)
+
+
 def _hset_if_exists(client: Any, key: str, fields: Mapping[str, FieldValue]) -> Any:
     """Queue (on a pipeline) or run (on a client) an HSET that never creates the hash."""
     return client.eval(_HSET_IF_EXISTS, 1, key, *itertools.chain.from_iterable(fields.items()))
@@ -233,7 +268,7 @@ class RedisStore(Store):
             p.zadd(IDLE_INDEX, {rec.id: rec.last_activity_at + rec.idle_timeout_s})
             p.zadd(_owner_index(rec.owner), {rec.id: time.time()})
             p.eval(_TAKE_SLOT, 1, _quota_key(rec.owner), token, rec.id, rec.expires_at)
-            p.hset(_sandbox_key(rec.id), mapping=rec.to_flat())
+            p.hset(_sandbox_key(rec.id), mapping=_hash(rec.to_flat()))
             await p.execute()
 
     async def reserve_sandbox(self, owner: str, limit: int) -> Reservation | None:
@@ -261,8 +296,8 @@ class RedisStore(Store):
 
     async def list_sandboxes(self, owner: str | None = None) -> list[SandboxRecord]:
         index = EXPIRY_INDEX if owner is None else _owner_index(owner)
-        entries = await self._r.zrange(index, 0, -1, withscores=True)
-        ids = [member.decode() for member, _ in entries]
+        entries = _scored(await self._r.zrange(index, 0, -1, withscores=True))
+        ids = [member for member, _ in entries]
         rows = await self._hmget_many(list(map(_sandbox_key, ids)), _SBX_FIELDS)
         records = [_from_hmget(SandboxRecord, row) for row in rows]
         cutoff = time.time() - STALE_GRACE_S
@@ -292,10 +327,12 @@ class RedisStore(Store):
         offset = 0
         while len(due) < limit:
             want = limit - len(due)
-            batch = await self._r.zrangebyscore(
-                index, "-inf", now, start=offset, num=want, withscores=True
+            batch = _scored(
+                await self._r.zrangebyscore(
+                    index, "-inf", now, start=offset, num=want, withscores=True
+                )
             )
-            ids = [member.decode() for member, _ in batch]
+            ids = [member for member, _ in batch]
             rows = await self._hmget_many(list(map(_sandbox_key, ids)), _DEADLINE_FIELDS)
             stale: list[str] = []
             rescore: list[tuple[str, float, float]] = []
@@ -381,7 +418,7 @@ class RedisStore(Store):
         return bool(await _hset_if_exists(self._r, _sandbox_key(sandbox_id), fields))
 
     async def _get_session_blob(self, sandbox_id: str) -> bytes | None:
-        return await self._r.hget(_sandbox_key(sandbox_id), SESSION_KEY_FIELD)
+        return _blob(await self._r.hget(_sandbox_key(sandbox_id), SESSION_KEY_FIELD))
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -412,7 +449,7 @@ class RedisStore(Store):
         # Hash first, index second: a crash between leaves a snapshot nobody lists, never a
         # listed one that is not there (the index is what listing reads). The quota entry
         # last: it counts only a snapshot whose record exists (see repair_snapshot_quota).
-        await self._r.hset(_snapshot_key(rec.id), mapping=rec.to_flat())
+        await self._r.hset(_snapshot_key(rec.id), mapping=_hash(rec.to_flat()))
         await self._r.zadd(SNAPSHOT_INDEX, {rec.id: rec.created_at})
         token = reservation.token if reservation is not None else ""
         await self._r.eval(
@@ -430,7 +467,7 @@ class RedisStore(Store):
             listed.setdefault(owner, {})
         for owner, sizes in listed.items():
             key = _snapshot_quota_key(owner)
-            counted = {f.decode() for f in await self._r.hkeys(key)}
+            counted = {_text(f) for f in await self._r.hkeys(key)}
             gone = [f for f in counted if not f.startswith("reserved-") and f not in sizes]
             async with self._r.pipeline(transaction=False) as p:
                 for snapshot_id, size in sizes.items():
@@ -444,7 +481,7 @@ class RedisStore(Store):
         return _from_hmget(SnapshotRecord, values)
 
     async def list_snapshots(self, owner: str | None = None) -> list[SnapshotRecord]:
-        ids = [m.decode() for m in await self._r.zrange(SNAPSHOT_INDEX, 0, -1)]
+        ids = _members(await self._r.zrange(SNAPSHOT_INDEX, 0, -1))
         rows = await self._hmget_many(list(map(_snapshot_key, ids)), _SNAP_FIELDS)
         records = [_from_hmget(SnapshotRecord, row) for row in rows]
         return [r for r in records if r is not None and owner in (None, r.owner)]
@@ -466,7 +503,7 @@ class RedisStore(Store):
         key = _api_key_key(rec.key_hash)
         # Record first, name second: a crash in between leaves a record that no name leads to
         # and whose key was never handed out, rather than a name that leads nowhere.
-        await self._r.hset(key, mapping=rec.to_flat())
+        await self._r.hset(key, mapping=_hash(rec.to_flat()))
         if not await self._r.hsetnx(API_KEY_NAMES, rec.name, rec.key_hash):
             await self._r.delete(key)
             raise ApiKeyExistsError(f"an API key named {rec.name!r} already exists")
@@ -476,7 +513,7 @@ class RedisStore(Store):
 
     async def list_api_keys(self) -> list[ApiKeyRecord]:
         hashes = (await self._r.hgetall(API_KEY_NAMES)).values()
-        rows = await self._hmget_many([_api_key_key(h.decode()) for h in hashes], _KEY_FIELDS)
+        rows = await self._hmget_many([_api_key_key(_text(h)) for h in hashes], _KEY_FIELDS)
         records = [_from_hmget(ApiKeyRecord, row) for row in rows]
         return sorted((r for r in records if r is not None), key=lambda r: r.name)
 
@@ -484,12 +521,12 @@ class RedisStore(Store):
         key_hash = await self._r.hget(API_KEY_NAMES, name)
         if key_hash is None:
             return False
-        return bool(await _hset_if_exists(self._r, _api_key_key(key_hash.decode()), {"revoked": 1}))
+        return bool(await _hset_if_exists(self._r, _api_key_key(_text(key_hash)), {"revoked": 1}))
 
     # -- manager secrets ----------------------------------------------------------------------
 
     async def _get_secret_blob(self, name: str) -> bytes | None:
-        return await self._r.get(_secret_key(name))
+        return _blob(await self._r.get(_secret_key(name)))
 
     async def _put_secret_blob_if_absent(self, name: str, blob: bytes) -> bytes:
         key = _secret_key(name)
@@ -509,7 +546,7 @@ class RedisStore(Store):
         await self._r.aclose()
 
 
-_R = TypeVar("_R", SandboxRecord, ApiKeyRecord)
+_R = TypeVar("_R", SandboxRecord, ApiKeyRecord, SnapshotRecord)
 
 
 def _from_hmget(cls: type[_R], values: list[Any]) -> _R | None:
