@@ -382,7 +382,7 @@ def test_pip_install_through_an_allow_list(client):
     out = run(
         client,
         sbx,
-        "python3 -m pip install --user --no-cache-dir six && "
+        "python3 -m pip install --user --break-system-packages --no-cache-dir six && "
         "python3 -c 'import six; print(six.__version__)'",
     )
     assert out["exit_code"] == 0, out

@@ -348,7 +348,9 @@ def test_the_door_holds_with_every_entry_point_at_once(
             "other_key_exec_ms_during": round(during, 2),
         }
         assert sessions <= 2 * SESSIONS_PER_KEY
-        assert during <= 3 * usual, (usual, during)
+        # Three times the usual latency, and never less than 10 ms more: on 2 cores one
+        # scheduling delay is a few ms whatever the door does.
+        assert during <= max(3 * usual, usual + 10), (usual, during)
         assert c.get("/v1/sandboxes", headers=alice).status_code == 200  # all given back
         bob.delete(f"/v1/sandboxes/{theirs}")
         c.delete(f"/e2b/sandboxes/{e2b['sandboxID']}", headers={"x-api-key": keys["alice"]})

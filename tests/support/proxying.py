@@ -54,9 +54,7 @@ def forwarding_app(proxy: Hop, record: SandboxRecord) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def proxy_client(
-    proxy: Hop, record: SandboxRecord
-) -> AsyncIterator[httpx.AsyncClient]:
+async def proxy_client(proxy: Hop, record: SandboxRecord) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(forwarding_app(proxy, record))
     async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
         yield client
