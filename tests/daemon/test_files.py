@@ -220,3 +220,64 @@ def test_errors_for_wrong_types(client, base):
 def test_files_created_with_sane_modes(client, daemon, base):
     _put(client, f"{base}/m/f", b"x")
     assert oct(os.stat(daemon.workspace / base / "m").st_mode & 0o777) == "0o755"
+
+
+def test_entries_carry_owner_target_and_user_metadata(client, daemon, base):
+    import json
+
+    meta = {"e2b.owner": "agent-7", "note": "x y"}
+    r = client.signed_request(
+        "PUT",
+        "/v1/files",
+        params={"path": f"{base}/m.txt", "metadata": json.dumps(meta)},
+        content=b"abc",
+    )
+    assert r.status_code == 200, r.text
+    entry = r.json()
+    assert entry["metadata"] == meta
+    st = os.stat(daemon.workspace / base / "m.txt")
+    assert (entry["uid"], entry["gid"]) == (st.st_uid, st.st_gid)
+    assert entry["owner"] and entry["group"]
+    assert entry["target"] is None
+    # SPEC §2.4's fields unchanged.
+    assert {k: entry[k] for k in ("name", "type", "size", "mode")} == {
+        "name": "m.txt",
+        "type": "file",
+        "size": 3,
+        "mode": "0644",
+    }
+    os.symlink("m.txt", daemon.workspace / base / "link")
+    listing = client.signed_request("GET", "/v1/files/list", params={"path": base}).json()
+    by_name = {e["name"]: e for e in listing["entries"]}
+    assert by_name["link"]["type"] == "symlink" and by_name["link"]["target"] == "m.txt"
+    assert by_name["m.txt"]["metadata"] == meta
+    moved = client.signed_request(
+        "POST", "/v1/files/move", json_body={"from": f"{base}/m.txt", "to": f"{base}/n.txt"}
+    ).json()
+    assert moved["metadata"] == meta
+    bad = client.signed_request(
+        "PUT", "/v1/files", params={"path": f"{base}/b", "metadata": "[1]"}, content=b""
+    )
+    assert bad.status_code == 400
+    # SPEC §2.4: sandcell's own API still answers 404 for a missing path.
+    gone = client.signed_request("DELETE", "/v1/files", params={"path": f"{base}/nope"})
+    assert gone.status_code == 404
+
+
+def test_a_filesystem_without_user_xattrs_is_named(monkeypatch, tmp_path):
+    import errno
+
+    from sandcell.daemon.files import operations
+    from sandcell.errors import SandcellError
+
+    def refuse(*_args):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(operations.os, "setxattr", refuse)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(SandcellError, match="does not support user xattrs") as exc:
+            operations.set_metadata(fd, "f", {"k": "v"})
+        assert exc.value.details == {"path": "f"}
+    finally:
+        os.close(fd)

@@ -133,6 +133,14 @@ class Entry(Shape):
     size: int
     mode: str
     modified: str
+    # Beyond SPEC §2.4's entry (what E2B's file info carries): owner and group, a symlink's
+    # target, and the user metadata kept as `user.*` xattrs (the prefix dropped).
+    uid: int | None = None
+    gid: int | None = None
+    owner: str | None = None
+    group: str | None = None
+    target: str | None = None
+    metadata: dict[str, str] | None = None
 
 
 class EntryList(Shape):

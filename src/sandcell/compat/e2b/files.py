@@ -8,13 +8,16 @@ form is still on its way. Nothing holds a whole body, and no parse holds the eve
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from sandcell.compat.e2b.envd.filesystem import METADATA_PREFIX, e2b_metadata
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
 from sandcell.errors import ErrorCode, SandcellError
@@ -23,6 +26,7 @@ from sandcell.http.multipart import FormLimits, FormReader, drain
 from sandcell.router.core import Call
 from sandcell.store import SandboxRecord
 
+METADATA_HEADER = "x-metadata-"
 # A gzip body inflates to at most this much (a small bomb cannot grow past it on its way).
 MAX_UPLOAD = 32 * 1_048_576
 INFLATE_STEP = 65_536  # bytes inflated at a time
@@ -65,16 +69,34 @@ async def _put(
     path: str | None,
     chunks: AsyncIterator[bytes],
     length: int | None = None,
-) -> dict[str, str]:
+    metadata: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One file written from `chunks` as they come (chunked to the daemon unless `length`
     is known); sent as a streamed `Call` through the router core, which `Gateway.daemon`
     offers only for a whole request's body."""
     if not path:
         raise SandcellError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
-    target = "/v1/files?" + urlencode({"path": to_workspace(path)})
+    query = {"path": to_workspace(path)}
+    if metadata:
+        query["metadata"] = json.dumps({METADATA_PREFIX + k: v for k, v in metadata.items()})
+    target = "/v1/files?" + urlencode(query)
     call = Call("PUT", target, [], None, chunks, length)
     entry = await (await gateway.router.send(record, call)).json()
-    return {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
+    written: dict[str, Any] = {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
+    kept = e2b_metadata(entry)
+    if kept:
+        written["metadata"] = kept
+    return written
+
+
+def _metadata(request: Request) -> dict[str, str]:
+    """E2B's user metadata for an upload: its `X-Metadata-<key>` headers, keys lower-cased
+    (as envd keeps them)."""
+    return {
+        name[len(METADATA_HEADER) :].lower(): value
+        for name, value in request.headers.items()
+        if name.lower().startswith(METADATA_HEADER) and len(name) > len(METADATA_HEADER)
+    }
 
 
 async def _form(
@@ -83,12 +105,14 @@ async def _form(
     content_type: str,
     body: AsyncIterator[bytes],
     query_path: str | None,
-) -> list[dict[str, str]]:
+    metadata: dict[str, str],
+) -> list[dict[str, Any]]:
     """Each part named "file" written as it arrives, at the query's path or its filename."""
     written = []
     async for part in FormReader(content_type, body, FORM).parts():
         if part.name == "file":
-            written.append(await _put(gateway, record, query_path or part.filename, part.chunks()))
+            name = query_path or part.filename
+            written.append(await _put(gateway, record, name, part.chunks(), None, metadata))
     return written
 
 
@@ -96,6 +120,7 @@ async def upload(gateway: Gateway, record: SandboxRecord, request: Request) -> R
     content_type = request.headers.get("content-type", "application/octet-stream")
     encoding = request.headers.get("content-encoding", "").strip().lower()
     query_path = request.query_params.get("path")
+    metadata = _metadata(request)
     if encoding not in ("", "identity", "gzip"):
         raise SandcellError(ErrorCode.BAD_REQUEST, f"unsupported Content-Encoding {encoding!r}")
     body = stream_body(request)
@@ -104,9 +129,9 @@ async def upload(gateway: Gateway, record: SandboxRecord, request: Request) -> R
         body, length = _inflated(body, MAX_UPLOAD), None
     try:
         if content_type.startswith("multipart/"):
-            written = await _form(gateway, record, content_type, body, query_path)
+            written = await _form(gateway, record, content_type, body, query_path, metadata)
         else:
-            written = [await _put(gateway, record, query_path, body, length)]
+            written = [await _put(gateway, record, query_path, body, length, metadata)]
     except SandcellError:
         await drain(request)
         raise

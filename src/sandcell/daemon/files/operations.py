@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
+import grp
 import os
 import posixpath
+import pwd
 import secrets
 import shutil
 import stat
@@ -26,8 +30,14 @@ MAX_LIST_ENTRIES = 10_000
 EntryType = Literal["file", "dir", "symlink"]
 
 
+MAX_METADATA = 64  # user xattrs on one file: E2B's metadata, bounded
+MAX_METADATA_BYTES = 4096
+
+
 class EntryRecord(TypedDict):
-    """One entry as the file API answers it (`schemas.Entry`'s JSON)."""
+    """One entry as the file API answers it (`schemas.Entry`'s JSON): SPEC §2.4's fields,
+    then the owner and group (ids and names), a symlink's target and the entry's user
+    metadata (its `user.*` xattrs, the prefix dropped)."""
 
     name: str
     path: str
@@ -35,6 +45,12 @@ class EntryRecord(TypedDict):
     size: int
     mode: str
     modified: str
+    uid: int
+    gid: int
+    owner: str
+    group: str
+    target: str | None
+    metadata: dict[str, str]
 
 
 # `Files.list` shadows the builtin inside the class body.
@@ -47,7 +63,48 @@ def _type_of(mode: int) -> EntryType:
     return "dir" if stat.S_ISDIR(mode) else "file"
 
 
-def make_entry(rel: str, st: os.stat_result) -> EntryRecord:
+@functools.lru_cache(maxsize=256)
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+@functools.lru_cache(maxsize=256)
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except (KeyError, OverflowError):
+        return str(gid)
+
+
+def _user_xattrs(where: str) -> dict[str, str]:
+    """`where`'s `user.*` xattrs (the prefix dropped); none where the filesystem keeps none."""
+    try:
+        names = [n for n in os.listxattr(where, follow_symlinks=False) if n.startswith("user.")]
+        return {
+            n[5:]: os.getxattr(where, n, follow_symlinks=False).decode(errors="replace")
+            for n in names[:MAX_METADATA]
+        }
+    except OSError:
+        return {}
+
+
+def make_entry(
+    rel: str, st: os.stat_result, dir_fd: int | None = None, name: str = ""
+) -> EntryRecord:
+    """The entry of `rel`; with its parent's fd and its name, its symlink target and user
+    metadata too (read through the fd, never by a path walked again)."""
+    target = None
+    metadata: dict[str, str] = {}
+    if dir_fd is not None:
+        if stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                target = os.readlink(name, dir_fd=dir_fd)
+        else:
+            where = f"/proc/self/fd/{dir_fd}" + (f"/{name}" if name else "")
+            metadata = _user_xattrs(where)
     return {
         "name": posixpath.basename(rel) if rel != "." else "",
         "path": rel,
@@ -55,7 +112,37 @@ def make_entry(rel: str, st: os.stat_result) -> EntryRecord:
         "size": st.st_size,
         "mode": f"{stat.S_IMODE(st.st_mode):04o}",
         "modified": datetime.fromtimestamp(st.st_mtime, UTC).isoformat().replace("+00:00", "Z"),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "owner": _owner(st.st_uid),
+        "group": _group(st.st_gid),
+        "target": target,
+        "metadata": metadata,
     }
+
+
+def set_metadata(fd: int, rel: str, metadata: dict[str, str]) -> None:
+    """`metadata` as `user.<key>` xattrs on the open file `fd`; a filesystem that keeps no
+    user xattrs is named in the error rather than the metadata dropped."""
+    if len(metadata) > MAX_METADATA or sum(len(k) + len(v) for k, v in metadata.items()) > (
+        MAX_METADATA_BYTES
+    ):
+        raise SandcellError(
+            ErrorCode.BAD_REQUEST,
+            f"metadata: at most {MAX_METADATA} keys and {MAX_METADATA_BYTES} bytes",
+        )
+    for key, value in metadata.items():
+        try:
+            os.setxattr(fd, f"user.{key}", value.encode())
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise SandcellError(
+                    ErrorCode.NOT_IMPLEMENTED,
+                    f"{rel}: the workspace filesystem does not support user xattrs, "
+                    "so file metadata cannot be kept",
+                    {"path": rel},
+                ) from exc
+            raise fs_error(exc, rel) from exc
 
 
 class Files:
@@ -66,10 +153,11 @@ class Files:
     def stat(self, path: str) -> EntryRecord:
         rel = self.ws.relative(path)
         if rel == ".":
-            return make_entry(rel, os.stat(self.ws.root_fd))
+            return make_entry(rel, os.stat(self.ws.root_fd), self.ws.root_fd)
         with self.ws.parent(rel) as (dir_fd, name):
             try:
-                return make_entry(rel, os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                return make_entry(rel, st, dir_fd, name)
             except OSError as exc:
                 raise fs_error(exc, rel) from exc
 
@@ -90,14 +178,17 @@ class Files:
                 stats = [(e.name, e.stat(follow_symlinks=False)) for e in children]
             except OSError as exc:
                 raise fs_error(exc, rel) from exc
-        for name, st in stats:
-            if len(out) >= MAX_LIST_ENTRIES:
-                raise SandcellError(
-                    ErrorCode.BAD_REQUEST,
-                    f"more than {MAX_LIST_ENTRIES} entries; list with a smaller depth",
-                )
-            child = name if rel == "." else f"{rel}/{name}"
-            out.append(make_entry(child, st))
+            entries: list[tuple[str, os.stat_result, EntryRecord]] = []
+            for name, st in stats:
+                if len(out) + len(entries) >= MAX_LIST_ENTRIES:
+                    raise SandcellError(
+                        ErrorCode.BAD_REQUEST,
+                        f"more than {MAX_LIST_ENTRIES} entries; list with a smaller depth",
+                    )
+                child = name if rel == "." else f"{rel}/{name}"
+                entries.append((child, st, make_entry(child, st, dir_fd, name)))
+        for child, st, entry in entries:
+            out.append(entry)
             if depth > 1 and stat.S_ISDIR(st.st_mode):
                 self._list_into(child, depth - 1, out)
 
@@ -159,6 +250,7 @@ class Files:
         chunks: AsyncIterable[bytes],
         declared_size: int | None,
         before_commit: Callable[[], None] | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> EntryRecord:
         """Streams into a temp file next to the target, then renames it into place.
 
@@ -185,6 +277,8 @@ class Files:
                 raise fs_error(exc, rel) from exc
             try:
                 await self._copy_bounded(fd, chunks, rel)
+                if metadata:
+                    set_metadata(fd, rel, metadata)
                 if before_commit is not None:
                     before_commit()
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

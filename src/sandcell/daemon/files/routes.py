@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -40,13 +41,34 @@ def _flag(request: Request, name: str) -> bool:
     return value in ("true", "1")
 
 
+def _metadata(request: Request) -> dict[str, str] | None:
+    """`metadata`: a JSON object of strings, each kept as a `user.<key>` xattr (part of the
+    signed target, like every query parameter)."""
+    raw = request.query_params.get("metadata")
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise SandcellError(ErrorCode.BAD_REQUEST, "metadata must be a JSON object") from exc
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and k and "\0" not in k and isinstance(v, str) and "\0" not in v
+        for k, v in value.items()
+    ):
+        raise SandcellError(ErrorCode.BAD_REQUEST, "metadata must map names to strings")
+    return value
+
+
 async def write_file(request: Request) -> Response:
     d = _daemon(request)
     verified = call_of(request).token
     path = _query(request, "path")
     length = declared_length(request)
+    metadata = _metadata(request)
     if "bsh" not in verified.claims:  # a streamed upload: no digest to hold it against
-        return JSONResponse(await d.files.write(path, stream_body(request), length))
+        return JSONResponse(
+            await d.files.write(path, stream_body(request), length, metadata=metadata)
+        )
     digest = hashlib.sha256()
 
     async def hashed() -> AsyncIterator[bytes]:
@@ -58,7 +80,7 @@ async def write_file(request: Request) -> Response:
         # Streamed uploads are hashed on the fly; a bound body must match before commit.
         d.guard.check_streamed_body(verified, digest.digest())
 
-    entry = await d.files.write(path, hashed(), length, check_body)
+    entry = await d.files.write(path, hashed(), length, check_body, metadata)
     return JSONResponse(entry)
 
 
@@ -112,8 +134,15 @@ FILE_OPERATIONS = (
         "Write the request body to a file",
         body=OCTETS,
         response=schemas.Entry,
-        query=(_PATH,),
-        errors=(403, 404, 409, 413, 503),
+        query=(
+            _PATH,
+            Query(
+                "metadata",
+                {"type": "string"},
+                description="a JSON object of strings, kept as user.<key> xattrs",
+            ),
+        ),
+        errors=(400, 403, 404, 409, 413, 501, 503),
     ),
     Operation(
         "GET",

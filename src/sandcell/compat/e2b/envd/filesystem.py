@@ -16,21 +16,36 @@ TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FIL
 KIND_BITS = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
 
 
+METADATA_PREFIX = "e2b."  # E2B's metadata is `user.e2b.<key>`; the daemon drops `user.`
+
+
+def e2b_metadata(entry: dict[str, Any]) -> dict[str, str]:
+    """E2B's user metadata of a sandcell entry: its `user.e2b.*` xattrs."""
+    kept = entry.get("metadata") or {}
+    return {k[len(METADATA_PREFIX) :]: v for k, v in kept.items() if k.startswith(METADATA_PREFIX)}
+
+
 def entry_info(entry: dict[str, Any]) -> dict[str, Any]:
     """An envd EntryInfo for a sandcell entry."""
     mode = int(entry.get("mode", "0"), 8)
-    return {
+    info = {
         "name": entry["name"],
         "type": TYPES.get(entry["type"], "FILE_TYPE_UNSPECIFIED"),
         "path": to_e2b(entry["path"]),
         "size": str(entry.get("size", 0)),
         "mode": mode,
         "permissions": stat.filemode(KIND_BITS.get(entry["type"], 0) | mode),
-        "owner": "user",
-        "group": "user",
+        "owner": entry.get("owner") or "user",
+        "group": entry.get("group") or "user",
         "modifiedTime": entry.get("modified"),
         "isSymlink": entry["type"] == "symlink",
     }
+    if entry.get("target") is not None:
+        info["symlinkTarget"] = entry["target"]
+    metadata = e2b_metadata(entry)
+    if metadata:
+        info["metadata"] = metadata
+    return info
 
 
 def path_of(message: dict[str, Any], field: str = "path") -> str:
@@ -80,7 +95,11 @@ async def remove(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
     query = {"path": path_of(message), "recursive": "true"}
-    await gateway.daemon(record, "DELETE", "files", query=query)
+    try:
+        await gateway.daemon(record, "DELETE", "files", query=query)
+    except SandcellError as exc:  # E2B treats removing what is not there as done
+        if exc.code is not ErrorCode.FILE_NOT_FOUND:
+            raise
     return {}
 
 
