@@ -57,7 +57,9 @@ def test_the_document_lists_every_operation_of_the_table(document: dict) -> None
     assert schemes["e2bAccessToken"]["name"] == "X-Access-Token"
     assert schemes["e2bSandboxId"]["name"] == "E2b-Sandbox-Id"
     for method, path, op in _e2b_operations(document):
-        control = path.startswith(("/e2b/sandboxes", "/e2b/v2/"))
+        control = path.startswith(
+            ("/e2b/sandboxes", "/e2b/v2/", "/e2b/snapshots", "/e2b/templates")
+        )
         assert op["security"] == (CONTROL_SCHEMES if control else ENVD_SCHEMES), (method, path)
         assert "401" in op["responses"], (method, path)
     # The router's own operations keep their Bearer key.
