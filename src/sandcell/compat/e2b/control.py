@@ -9,12 +9,18 @@ handler runs, and every error leaves in E2B's REST shape.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import math
 import re
+import time
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +40,11 @@ from sandcell.router.auth import Principal
 from sandcell.router.usage import metrics_of
 from sandcell.store import SandboxRecord, SnapshotRecord
 
+if TYPE_CHECKING:
+    from sandcell.router.core import Router
+
+log = logging.getLogger(__name__)
+
 ENVD_VERSION = "0.6.3"
 CLIENT_ID = "sandcell"
 TEMPLATES = {"base": "default", "code-interpreter-v1": "code-interpreter"}
@@ -44,6 +55,8 @@ DEFAULT_TIMEOUT_S = 300  # E2B's, when connect names none
 SNAPSHOT = re.compile(schemas.SNAPSHOT_ID)
 MAX_PAGE = 100  # E2B's default and largest page
 MAX_FORKS = 20  # E2B's bound on count
+SAMPLE_EVERY_S = 5.0  # metrics sampling of the sandboxes /e2b has seen
+KEEP_SAMPLES = 720  # per sandbox: an hour at SAMPLE_EVERY_S
 SECURITY = ("e2bApiKey",)
 SCHEME = {
     "type": "apiKey",
@@ -51,6 +64,7 @@ SCHEME = {
     "name": "X-API-KEY",
     "description": "a sandcell API key, as given or hex-encoded behind `e2b_`",
 }
+Row = TypeVar("Row")
 Handler = Callable[[Gateway, Principal, Request], Awaitable[Response]]
 
 
@@ -218,15 +232,38 @@ def _harmless(body: dict[str, Any]) -> None:
         raise _refused("secure", "must be a boolean")
 
 
-def _matches(row: dict[str, Any], request: Request) -> bool:
-    """E2B's list filters: `metadata` (an urlencoded `k=v&...` string) and `state`."""
+def _instant(field: str, text: str) -> float:
+    """An RFC 3339 time of a query (a `+` of its offset may arrive as a space)."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace(" ", "+").replace("Z", "+00:00"))
+    except ValueError:
+        raise _refused(field, "must be an RFC 3339 time") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _filter(rows: list[dict[str, Any]], request: Request) -> list[dict[str, Any]]:
+    """E2B's list query: `metadata` (an urlencoded `k=v&...` string), `state`, `template`
+    (E2B's name or sandcell's), `startedAfter`, and `order` by start (asc by default)."""
+    query = request.query_params
     # The SDK quotes each key and value, then urlencodes the lot: two decodings.
-    pairs = parse_qsl(request.query_params.get("metadata", ""))
-    wanted = [(unquote(k), unquote(v)) for k, v in pairs]
-    states = request.query_params.get("state")
-    if states and row["state"] not in states.split(","):
-        return False
-    return all(row["metadata"].get(k) == v for k, v in wanted)
+    wanted = [(unquote(k), unquote(v)) for k, v in parse_qsl(query.get("metadata", ""))]
+    rows = [r for r in rows if all(r["metadata"].get(k) == v for k, v in wanted)]
+    if states := query.get("state"):
+        rows = [r for r in rows if r["state"] in states.split(",")]
+    if template := query.get("template"):
+        rows = [r for r in rows if r["templateID"] in (template, _template(template))]
+    if after := query.get("startedAfter"):
+        since = _instant("startedAfter", after)
+        rows = [r for r in rows if _instant("startedAt", r["startedAt"]) > since]
+    order = query.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise _refused("order", "must be asc or desc")
+    rows.sort(key=_sandbox_key, reverse=order == "desc")
+    return rows
+
+
+def _sandbox_key(row: dict[str, Any]) -> str:
+    return f"{_instant('startedAt', row['startedAt']):017.6f}/{row['sandboxID']}"
 
 
 def sandcell_key(api_key: str) -> str:
@@ -293,6 +330,7 @@ async def create(gateway: Gateway, principal: Principal, request: Request) -> Re
         create["idle_timeout_s"] = create["max_lifetime_s"] = timeout
     req = parse_model(schemas.CreateSandbox, json.dumps(create).encode())
     sandbox = schemas.sandbox_view(await gateway.router.create(principal, req))
+    Samples.of(gateway.router).watch(sandbox["id"])
     return JSONResponse(await _created(gateway, sandbox, body.get("templateID") or "base"), 201)
 
 
@@ -302,8 +340,9 @@ async def describe(gateway: Gateway, principal: Principal, request: Request) -> 
 
 async def list_sandboxes(gateway: Gateway, principal: Principal, request: Request) -> Response:
     records = await gateway.router.store.list_sandboxes(None if principal.admin else principal.name)
-    rows = [_view(gateway, r) for r in records if r.state != "deleted"]
-    return JSONResponse([r for r in rows if _matches(r, request)])
+    rows = _filter([_view(gateway, r) for r in records if r.state != "deleted"], request)
+    page, headers = _page(request, rows, _sandbox_key)
+    return JSONResponse(page, headers=headers)
 
 
 async def kill(gateway: Gateway, principal: Principal, request: Request) -> Response:
@@ -330,27 +369,102 @@ async def connect(gateway: Gateway, principal: Principal, request: Request) -> R
     if record.state == "paused":  # connecting resumes it, auto_resume or not (as E2B)
         record = await persistence.resume_sandbox(gateway.router, record)
     ended = await gateway.router.set_end(record, timeout, extend_only=was_running)
+    Samples.of(gateway.router).watch(record.id)
     sandbox = schemas.sandbox_view(ended)
     return JSONResponse(await _created(gateway, sandbox, sandbox["template"]), 200)
 
 
+class Samples:
+    """Per-sandbox rings of E2B metrics samples, kept in this router process (sandcell's
+    backend reads a cell's use when asked and keeps no history): a sandbox made, connected
+    to or asked about through /e2b is sampled every SAMPLE_EVERY_S and on each metrics call,
+    its last KEEP_SAMPLES (an hour) kept, and forgotten when it is deleted. A router that
+    restarts starts afresh; another router of a fleet keeps its own."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.rings: dict[str, deque[dict[str, Any]]] = {}
+        self.task: asyncio.Task[None] | None = None
+        router.on_delete.append(self.forget)
+
+    @classmethod
+    def of(cls, router: Router) -> Samples:
+        if (samples := _SAMPLES.get(router)) is None:
+            samples = _SAMPLES[router] = cls(router)
+        return samples
+
+    async def forget(self, sandbox_id: str) -> None:
+        self.rings.pop(sandbox_id, None)
+
+    def watch(self, sandbox_id: str) -> deque[dict[str, Any]]:
+        ring = self.rings.setdefault(sandbox_id, deque(maxlen=KEEP_SAMPLES))
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        return ring
+
+    async def sample(self, record: SandboxRecord) -> None:
+        ring = self.watch(record.id)
+        if record.state != "running" or (ring and time.time() - ring[-1]["_at"] < 1):
+            return
+        with contextlib.suppress(SandcellError):  # gone or paused meanwhile: no sample
+            m = await metrics_of(self.router, record)
+            now = time.time()
+            ring.append(
+                {
+                    "_at": now,
+                    "timestamp": m.at,
+                    "timestampUnix": int(now),
+                    "cpuCount": max(1, math.ceil(m.cpus or 1)),
+                    "cpuUsedPct": float(m.cpu_percent or 0.0),
+                    "memUsed": int(m.memory_bytes or 0),
+                    "memTotal": int(m.memory_limit_bytes or 0),
+                    "memCache": 0,
+                    "diskUsed": int(m.disk_used_bytes or 0),
+                    "diskTotal": int(m.disk_limit_bytes or 0),
+                }
+            )
+
+    async def _run(self) -> None:
+        while self.rings:
+            await asyncio.sleep(SAMPLE_EVERY_S)
+            for sandbox_id in list(self.rings):
+                try:
+                    record = await self.router.store.get_sandbox(sandbox_id)
+                except Exception:  # a store hiccup: try again next round
+                    log.warning("metrics sampling: the store failed", exc_info=True)
+                    break
+                if record is None or record.state == "deleted":
+                    self.rings.pop(sandbox_id, None)
+                else:
+                    await self.sample(record)
+
+
+_SAMPLES: weakref.WeakKeyDictionary[Router, Samples] = weakref.WeakKeyDictionary()
+
+
+def _bound(request: Request, field: str) -> float | None:
+    raw = request.query_params.get(field)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise _refused(field, "must be a Unix time in seconds") from None
+
+
 async def metrics(gateway: Gateway, principal: Principal, request: Request) -> Response:
-    m = await metrics_of(gateway.router, await _owned(gateway, principal, request))
-    return JSONResponse(
-        [
-            {
-                "timestamp": m.at,
-                "timestampUnix": 0,
-                "cpuCount": int(m.cpus or 1),
-                "cpuUsedPct": float(m.cpu_percent or 0.0),
-                "memUsed": int(m.memory_bytes or 0),
-                "memTotal": int(m.memory_limit_bytes or 0),
-                "memCache": 0,
-                "diskUsed": int(m.disk_used_bytes or 0),
-                "diskTotal": int(m.disk_limit_bytes or 0),
-            }
-        ]
-    )
+    """The samples from `start` to `end` (Unix seconds, both inclusive; either open), a
+    fresh one taken first when the sandbox runs."""
+    record = await _owned(gateway, principal, request)
+    start, end = _bound(request, "start"), _bound(request, "end")
+    samples = Samples.of(gateway.router)
+    await samples.sample(record)
+    rows = [
+        {k: v for k, v in row.items() if k != "_at"}
+        for row in samples.watch(record.id)
+        if (start is None or row["_at"] >= start) and (end is None or row["_at"] < end + 1)
+    ]
+    return JSONResponse(rows)
 
 
 async def update_network(gateway: Gateway, principal: Principal, request: Request) -> Response:
@@ -391,28 +505,25 @@ async def create_snapshot(gateway: Gateway, principal: Principal, request: Reque
     return JSONResponse(_snapshot_info(snapshot), 201)
 
 
-def _limit(request: Request, most: int) -> int:
+def _limit(request: Request, most: int) -> int | None:
     raw = request.query_params.get("limit")
     if raw is None:
-        return most
+        return None  # E2B's first API (GET /sandboxes) has no pages: all of them
     if not raw.isdigit() or not 1 <= int(raw) <= most:
         raise _refused("limit", f"must be an integer from 1 to {most}")
     return int(raw)
 
 
-def _page(request: Request, rows: list[Any], key: Callable[[Any], str], most: int) -> Response:
-    """E2B's pagination: `limit` rows after the `nextToken` (here the last row's id), and an
-    `X-Next-Token` header when more follow."""
-    limit = _limit(request, most)
-    after = request.query_params.get("nextToken")
-    if after:
-        ids = [key(r) for r in rows]
-        if after not in ids:
-            raise _refused("nextToken", "names no row of this listing (it may be gone)")
-        rows = rows[ids.index(after) + 1 :]
-    page = rows[:limit]
-    headers = {"X-Next-Token": key(page[-1])} if len(rows) > limit else {}
-    return JSONResponse(page, headers=headers)
+def _page(request: Request, rows: list[Row], key: Callable[[Row], str]) -> tuple[list[Row], dict]:
+    """E2B's pagination over `rows` sorted by `key` (ascending, or descending with `order=
+    desc`): `limit` rows after the `nextToken` (the last row's key), and `X-Next-Token` when
+    more follow. A key orders, so a row deleted between pages loses no other."""
+    limit = _limit(request, MAX_PAGE)
+    if after := request.query_params.get("nextToken"):
+        desc = request.query_params.get("order") == "desc"
+        rows = [r for r in rows if (key(r) < after if desc else key(r) > after)]
+    page = rows if limit is None else rows[:limit]
+    return page, ({"X-Next-Token": key(page[-1])} if len(rows) > len(page) else {})
 
 
 async def list_snapshots(gateway: Gateway, principal: Principal, request: Request) -> Response:
@@ -422,8 +533,8 @@ async def list_snapshots(gateway: Gateway, principal: Principal, request: Reques
         records = [r for r in records if r.sandbox_id == sandbox_id]
     if name := request.query_params.get("name"):
         records = [r for r in records if r.name == name]
-    rows = [_snapshot_info(r) for r in records]
-    return _page(request, rows, lambda r: r["snapshotID"], MAX_PAGE)
+    page, headers = _page(request, records, lambda r: f"{r.created_at:017.6f}/{r.id}")
+    return JSONResponse([_snapshot_info(r) for r in page], headers=headers)
 
 
 async def delete_snapshot(gateway: Gateway, principal: Principal, request: Request) -> Response:
@@ -475,6 +586,7 @@ async def fork(gateway: Gateway, principal: Principal, request: Request) -> Resp
                     resources=parent.resources,
                 )
                 view = schemas.sandbox_view(child)
+                Samples.of(router).watch(child.id)
                 results.append({"sandbox": await _created(gateway, view, parent.template)})
             except SandcellError as exc:
                 results.append(
@@ -569,6 +681,15 @@ _SBX = "/sandboxes/{sandbox_id}"
 _LIST_QUERY = (
     Query("metadata", {"type": "string"}, description="urlencoded k=v pairs"),
     Query("state", {"type": "string"}, description="running,paused"),
+    Query("template", {"type": "string"}),
+    Query("startedAfter", {"type": "string"}, description="RFC 3339"),
+    Query("order", {"type": "string"}, description="asc (default) or desc, by start"),
+    Query("limit", {"type": "integer"}, description=f"at most {MAX_PAGE}; absent: all"),
+    Query("nextToken", {"type": "string"}, description="from X-Next-Token"),
+)
+_METRICS_QUERY = (
+    Query("start", {"type": "integer"}, description="Unix seconds"),
+    Query("end", {"type": "integer"}, description="Unix seconds"),
 )
 
 
@@ -630,7 +751,14 @@ OPERATIONS = (
         )
         for v in ("", "/v2")
     ),
-    _op("GET", f"{_SBX}/metrics", metrics, "the latest metrics sample", errors=(409, 501)),
+    _op(
+        "GET",
+        f"{_SBX}/metrics",
+        metrics,
+        "the metrics samples of a range",
+        query=_METRICS_QUERY,
+        errors=(400, 501),
+    ),
     _op(
         "PUT",
         f"{_SBX}/network",
