@@ -156,21 +156,25 @@ def own_filesystems(
     q = shlex.quote
     root, dev = _OWN_ROOT, f"{_OWN_ROOT}/dev"
     tmp_bytes, shm_bytes = scratch
+    # Each line's commands are processes of their own on a cell's start path: one mkdir and
+    # one touch make several entries, and umask gives the /etc files their mode.
     lines = [
         f"mkdir {root} && mount -t tmpfs -o mode=0755,size=1m,nosuid,nodev sandcell {root}",
         f"mkdir {root}/tmp {dev} && chown {uid}:{uid} {root}",  # noqa: S108 - the cell's
         f"mount -t tmpfs -o mode=1777,size={tmp_bytes},nosuid,nodev sandcell {root}/tmp",  # noqa: S108
         f"mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev sandcell {dev}",
-        *(f"touch {dev}/{n} && mount --bind /dev/{n} {dev}/{n}" for n in DEV_NODES),
+        f"mkdir {dev}/shm {dev}/pts && touch " + " ".join(f"{dev}/{n}" for n in DEV_NODES),
+        *(f"mount --bind /dev/{n} {dev}/{n}" for n in DEV_NODES),
         *(f"ln -s {q(target)} {dev}/{name}" for name, target in DEV_LINKS.items()),
-        f"mkdir {dev}/shm {dev}/pts",
         f"mount -t tmpfs -o mode=1777,size={shm_bytes},nosuid,nodev sandcell {dev}/shm",
         f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts {dev}/pts",
     ]
-    rest = []
+    rest, writes = [], []
     for name, content in etc_files.items():
         staged = f"{STAGE}/etc-{name}"
-        lines.append(f"printf %s {q(content)} > {staged} && chmod 0644 {staged}")
+        writes.append(f"printf %s {q(content)} > {staged}")
         rest += ["--ro-bind", staged, f"/etc/{name}"]
+    if writes:  # 0644 as their host originals; the subshell keeps the launcher's own umask
+        lines.append("(umask 022; " + "; ".join(writes) + ")")
     rest += ["--proc", "/proc"]
     return lines, OwnFilesystems(["--dev-bind", root, "/"], rest)
