@@ -8,6 +8,7 @@ import time
 
 import pytest
 from e2b import FilesystemEventType, FileType, Sandbox
+from e2b.envd.process import process_pb
 from e2b.sandbox.commands.command_handle import CommandExitException
 
 pytestmark = pytest.mark.slow
@@ -29,6 +30,20 @@ def test_stdin_kept_open_then_killed(sbx: Sandbox) -> None:
     with pytest.raises(CommandExitException) as exc:
         handle.wait()
     assert "hello" in exc.value.stdout
+
+
+def test_stdin_open_when_the_request_does_not_say(sbx: Sandbox) -> None:
+    """envd's default: a StartRequest without `stdin` (SDKs from before envd 0.3.0) keeps
+    stdin open; `stdin: false`, which today's SDKs send by default, gives none."""
+    request = process_pb.StartRequest(process=process_pb.ProcessConfig(cmd="/bin/cat"))
+    assert "stdin" not in request.to_json()
+    # The SDK's own start path (its Connect client and handle), minus the field.
+    handle = sbx.commands._create_handle(sbx.commands._rpc.start(request), "start", True)
+    sbx.commands.send_stdin(handle.pid, "hello\n")
+    sbx.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "hello\n"
+    closed = sbx.commands.run("cat", background=True, stdin=False)
+    assert closed.wait().stdout == ""
 
 
 def test_file_info_carries_e2bs_fields(sbx: Sandbox) -> None:

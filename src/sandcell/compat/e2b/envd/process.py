@@ -40,7 +40,9 @@ def start_body(message: dict[str, Any]) -> dict[str, Any]:
         "command": command,
         "cwd": cwd,
         "env": obj(config, "envs"),
-        "stdin": message.get("stdin") is True or message.get("pty") is not None,
+        # envd keeps stdin open unless the request says `stdin: false`: SDKs that predate the
+        # field (envd < 0.3.0) send none and expect it open; newer ones always send it.
+        "stdin": message.get("stdin") is not False or message.get("pty") is not None,
         "pty": _pty(message),
         "tag": message.get("tag") if isinstance(message.get("tag"), str) else None,
     }
