@@ -123,5 +123,5 @@ def test_pause_keeps_files_and_connect_resumes(sbx: Sandbox) -> None:
 
 
 def test_metrics(sbx: Sandbox) -> None:
-    (metric,) = sbx.get_metrics()
-    assert metric.mem_total > 0
+    metrics = sbx.get_metrics()  # the samples kept so far: one at least
+    assert metrics and all(m.mem_total > 0 for m in metrics)
