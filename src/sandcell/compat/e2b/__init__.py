@@ -3,7 +3,7 @@ table of operations that the router's app serves with its own (so the façade is
 /openapi.json, and so in the fuzzer).
 
 One origin serves both, as `E2B_API_URL` and `E2B_SANDBOX_URL` point at it: `/sandboxes...`
-and `/v2/sandboxes...` are the control API (`X-API-KEY`, control.py), every other path is
+and `/v2/sandboxes...` are the control API (`X-API-KEY`, control/), every other path is
 envd's or the code interpreter's (the sandbox's `X-Access-Token`, envd/app.py), told apart by
 path, not by the `E2b-Sandbox-Id` header, which some SDK versions also send to the control
 API. Each table wraps its handlers once with its authentication and its error shape.

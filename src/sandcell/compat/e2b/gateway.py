@@ -1,7 +1,7 @@
 """The façade's way into sandcell: the router core, the one way it reaches a sandbox.
 
 Control calls are the router's own operations for the principal of the caller's key
-(see control.py). In-sandbox calls are `Call`s sent through `Router.send`, so the daemon
+(see control/). In-sandbox calls are `Call`s sent through `Router.send`, so the daemon
 receives a fresh, signed, single-use request token as for any other call, and a paused
 sandbox wakes (or answers 409) exactly as on `/v1`. Nothing here talks to a daemon directly.
 """
