@@ -1,6 +1,6 @@
 """The error vocabulary shared by every sandcell HTTP service (SPEC §1).
 
-Each code has one HTTP status; services raise `SandcellError` and a single handler turns it
+Each code has one HTTP status; services raise `ServiceError` and a single handler turns it
 into `{"error": {"code", "message", "details"}}`.
 """
 
@@ -57,8 +57,10 @@ STATUS: dict[ErrorCode, int] = {
 }
 
 
-class SandcellError(Exception):
-    """An error with a stable code, safe to show to the caller."""
+class ServiceError(Exception):
+    """An error of a sandcell service (router, daemon, façade) with a stable code, safe to
+    show to the caller, answered in SPEC §1's shape. (The SDK's own base class, for what a
+    client raises, is `sandcell.SandcellError`: one name per meaning.)"""
 
     def __init__(
         self,

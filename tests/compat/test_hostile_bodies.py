@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from sandcell.compat.e2b.files import MAX_UPLOAD
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.http.bodies import MAX_JSON_DEPTH, json_value
 from sdk.helpers import served
 from support.server import RunningServer
@@ -172,7 +172,7 @@ def test_the_depth_bound_agrees_with_a_parser_on_random_json() -> None:
         try:
             json_value(raw)
             refused = False
-        except SandcellError as exc:
+        except ServiceError as exc:
             refused = "deeper" in exc.message
         assert refused == deeper, raw
         outcomes.add(deeper)

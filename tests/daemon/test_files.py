@@ -268,7 +268,7 @@ def test_a_filesystem_without_user_xattrs_is_named(monkeypatch, tmp_path):
     import errno
 
     from sandcell.daemon.files import operations
-    from sandcell.errors import SandcellError
+    from sandcell.errors import ServiceError
 
     def refuse(*_args):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
@@ -276,7 +276,7 @@ def test_a_filesystem_without_user_xattrs_is_named(monkeypatch, tmp_path):
     monkeypatch.setattr(operations.os, "setxattr", refuse)
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     try:
-        with pytest.raises(SandcellError, match="does not support user xattrs") as exc:
+        with pytest.raises(ServiceError, match="does not support user xattrs") as exc:
             operations.set_metadata(fd, "f", {"k": "v"})
         assert exc.value.details == {"path": "f"}
     finally:

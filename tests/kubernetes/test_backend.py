@@ -11,7 +11,7 @@ import pytest
 
 from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.manager.init import initialize
 from sandcell.manager.k8s.backend import KubernetesBackend
 from sandcell.manager.templates import Template
@@ -102,7 +102,7 @@ async def test_unschedulable_pod_times_out_and_is_deleted(cluster, make_backend)
     backend = make_backend(ready_timeout_s=1.5)
     cluster.call(cluster.kubelet.set_schedulable, False)
     sandbox_id = new_id()
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await backend.create(POLICY, sandbox_id, tokens.public_pem(BOOTSTRAP))
     assert info.value.status == 503 and "Unschedulable" in info.value.message
     assert cluster.pods() == []
@@ -111,7 +111,7 @@ async def test_unschedulable_pod_times_out_and_is_deleted(cluster, make_backend)
 async def test_daemon_that_cannot_start_fails_fast(cluster, make_backend):
     backend = make_backend()
     sandbox_id = new_id()
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await backend.create(POLICY, sandbox_id, b"not a PEM key")
     assert info.value.status == 503 and "Failed" in info.value.message
     await until(lambda: cluster.pods() == [])
@@ -121,7 +121,7 @@ async def test_daemon_that_cannot_start_fails_fast(cluster, make_backend):
 async def test_api_errors_fail_cleanly(cluster, make_backend, method, code):
     backend = make_backend()
     cluster.call(cluster.registry.fail_next, method, code)
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await backend.create(POLICY, new_id(), tokens.public_pem(BOOTSTRAP))
     assert info.value.status == 503 and str(code) in info.value.message
     await until(lambda: cluster.pods() == [])
@@ -132,7 +132,7 @@ async def test_a_failed_cleanup_does_not_hide_the_cause(cluster, make_backend):
     sandbox_id = new_id()
     cluster.call(cluster.registry.fail_next, "GET", 403)  # the watch is refused...
     cluster.call(cluster.registry.fail_next, "DELETE", 503)  # ...and so is the cleanup
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await backend.create(POLICY, sandbox_id, tokens.public_pem(BOOTSTRAP))
     assert "403" in info.value.message
     assert cluster.pod(sandbox_id) is not None  # left to its deadline, or reconciliation
@@ -143,7 +143,7 @@ async def test_name_conflict_leaves_the_other_pod_alone(cluster, make_backend):
     backend = make_backend()
     sandbox_id = new_id()
     first = await backend.create(POLICY, sandbox_id, tokens.public_pem(BOOTSTRAP))
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await backend.create(POLICY, sandbox_id, tokens.public_pem(BOOTSTRAP))
     assert "409" in info.value.message and "already exists" in info.value.message
     assert cluster.pod(sandbox_id) is not None and await backend.healthy(first.endpoint)
@@ -199,7 +199,7 @@ async def test_list_sees_only_this_managers_live_pods(cluster, make_backend, tmp
     assert await mine.list() == [handle_a]
     assert await theirs.list() == [handle_b]
     assert cluster.pod(stuck) is None
-    with pytest.raises(SandcellError):
+    with pytest.raises(ServiceError):
         await pending
     await mine.destroy(handle_a.cell)
     assert await mine.list() == []  # a terminating pod is not listed

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.manager.manager import Manager, load_bootstrap_key
 from sandcell.manager.templates import Template
 
@@ -29,7 +29,7 @@ async def test_pause_resume_and_snapshot_are_501_and_leave_it_running(cluster, m
         lambda: manager.persistence.pause(record.id),
         lambda: manager.snapshots.take("alice", record.id),
     ):
-        with pytest.raises(SandcellError) as info:
+        with pytest.raises(ServiceError) as info:
             await call()
         assert info.value.status == 501 and "Kubernetes" in info.value.message
         assert (await store.get_sandbox(record.id)).state == "running"

@@ -9,7 +9,7 @@ import pytest
 
 from sandcell import tokens
 from sandcell.cellapi.client import DaemonClient
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.manager.backend import LocalBackend
 from sandcell.manager.init import InitFailed
 from support.cells import kill_daemon
@@ -39,7 +39,7 @@ async def test_create_exec_delete(make_manager, tmp_path):
 
 async def test_unknown_template_is_bad_request(make_manager):
     manager = await make_manager()
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await manager.create_sandbox("alice", "nope")
     assert info.value.status == 400
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.isolation.cell import LocalCells
 from sandcell.manager.manager import Manager
 from support.sessions import session_client
@@ -65,7 +65,7 @@ async def test_resume_of_unknown_is_404_and_of_deleted_paused_is_404(make_manage
     assert await manager.delete_sandbox(record.id) is True
     assert not Path(manager.backend.workspace_home(record.id)).exists()
     for call in (manager.persistence.resume, manager.persistence.pause):
-        with pytest.raises(SandcellError) as info:
+        with pytest.raises(ServiceError) as info:
             await call(record.id)
         assert info.value.status == 404
     await manager.stop()
@@ -181,10 +181,10 @@ async def test_resources_within_the_template_max_and_kept_across_resume(
     make_manager, tmp_path, cgroup_parent
 ):
     manager = await _started(make_manager, default={"max_memory_mb": 384, "max_cpus": 2})
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await manager.create_sandbox("alice", resources={"memory_mb": 385})
     assert info.value.status == 400 and info.value.details["field"] == "resources.memory_mb"
-    with pytest.raises(SandcellError):
+    with pytest.raises(ServiceError):
         await manager.create_sandbox("alice", resources={"disk_mb": 65})  # no max: the default
     record = await manager.create_sandbox("alice", resources={"memory_mb": 320, "cpus": 1.5})
     assert record.resources == {"cpus": 1.5, "memory_mb": 320, "disk_mb": 64}
@@ -232,7 +232,7 @@ async def test_pauses_past_the_keys_paused_bound_are_409_and_keep_running(make_m
     refused = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(paused) == 2 and len(refused) == 2, outcomes
     for error in refused:
-        assert isinstance(error, SandcellError) and error.status == 409
+        assert isinstance(error, ServiceError) and error.status == 409
         assert error.code == "CONFLICT" and error.details["max_paused_per_key"] == 2
         assert (await manager.store.get_sandbox(error.details["sandbox_id"])).state == "running"
         with await session_client(manager, error.details["sandbox_id"]) as client:
@@ -241,7 +241,7 @@ async def test_pauses_past_the_keys_paused_bound_are_409_and_keep_running(make_m
     # A resumed one frees its place; so does a deleted one.
     await manager.persistence.resume(paused[0].id)
     assert (await manager.persistence.pause(refused[0].details["sandbox_id"])).state == "paused"
-    with pytest.raises(SandcellError):
+    with pytest.raises(ServiceError):
         await manager.persistence.pause(refused[1].details["sandbox_id"])
     await manager.delete_sandbox(paused[1].id)
     assert (await manager.persistence.pause(refused[1].details["sandbox_id"])).state == "paused"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.isolation.cell import LocalCells
 from sandcell.manager.manager import Manager
 from support.sessions import session_client
@@ -62,7 +62,7 @@ async def test_over_quota_is_413_before_any_copy(make_manager, tmp_path, store, 
     await manager.start()
     record = await manager.create_sandbox("alice")
     await _run(manager, record.id, "head -c 1000000 /dev/urandom > big")
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await manager.snapshots.take("alice", record.id)
     assert info.value.status == 413 and info.value.details["quota_bytes"] == 64 * 1024
     assert _snapshot_files(tmp_path) == []
@@ -87,7 +87,7 @@ async def test_concurrent_snapshots_never_hold_more_than_the_quota(make_manager,
     refused = [t for t in taken if isinstance(t, BaseException)]
     size = max(s.size_bytes for s in made)
     assert len(made) == quota // size == 3, taken
-    assert all(isinstance(e, SandcellError) and e.status == 413 for e in refused), refused
+    assert all(isinstance(e, ServiceError) and e.status == 413 for e in refused), refused
     held = sum(s.size_bytes for s in await manager.store.list_snapshots("alice"))
     assert held <= quota and await manager.store.snapshot_bytes_held("alice") == held
     assert _snapshot_files(tmp_path) == sorted(s.id for s in made)  # no copy of the refused
@@ -117,7 +117,7 @@ async def test_a_workspace_grown_while_measured_is_settled_against_the_quota(
         return size
 
     manager.backend.workspace_bytes = measured_then_grown
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await manager.snapshots.take("alice", record.id)
     assert info.value.status == 413 and info.value.details["size_bytes"] > 20_000_000
     assert _snapshot_files(tmp_path) == [] and await manager.store.list_snapshots() == []
@@ -137,7 +137,7 @@ async def test_disk_full_during_a_snapshot_fails_cleanly(make_manager, tmp_path)
         await manager.start()
         record = await manager.create_sandbox("alice")
         await _run(manager, record.id, "head -c 4000000 /dev/urandom > big")
-        with pytest.raises(SandcellError) as info:
+        with pytest.raises(ServiceError) as info:
             await manager.snapshots.take("alice", record.id)
         assert info.value.status == 503
         assert _snapshot_files(tmp_path) == [] and await manager.store.list_snapshots() == []
@@ -181,7 +181,7 @@ async def test_start_from_another_template_is_400(make_manager):
     await manager.start()
     record = await manager.create_sandbox("alice")
     snap = await manager.snapshots.take("alice", record.id)
-    with pytest.raises(SandcellError) as info:
+    with pytest.raises(ServiceError) as info:
         await manager.create_sandbox("alice", "other", snapshot=snap)
     assert info.value.status == 400
     await manager.snapshots.delete(snap)

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.network import socks5
 from sandcell.network.policy import decide, parse_policy, within_cap
 
@@ -127,7 +127,7 @@ def test_an_internal_entry_in_ipv6_spelling_needs_network_internal(entry):
     template forbids internal entries could allow the host's loopback that way."""
     policy = parse_policy({"egress": "allowlist", "allow": [entry]})
     assert policy.internal_entries() == [entry]
-    with pytest.raises(SandcellError) as caught:
+    with pytest.raises(ServiceError) as caught:
         within_cap(policy, "open", internal_allowed=False)
     assert caught.value.code.value == "FORBIDDEN"
 

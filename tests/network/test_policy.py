@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.network.policy import decide, parse_policy, within_cap
 
 
@@ -37,7 +37,7 @@ PUBLIC = "93.184.216.34"
     ],
 )
 def test_malformed_entries_are_400_naming_the_entry(entry):
-    with pytest.raises(SandcellError) as err:
+    with pytest.raises(ServiceError) as err:
         policy(allow=[entry])
     assert err.value.status == 400
     assert "allow" in err.value.message
@@ -49,7 +49,7 @@ def test_malformed_entries_are_400_naming_the_entry(entry):
     [[], "open", {"egress": "wide"}, {"allow": "pypi.org"}, {"egress": "open", "extra": 1}],
 )
 def test_malformed_policies_are_400(raw):
-    with pytest.raises(SandcellError) as err:
+    with pytest.raises(ServiceError) as err:
         parse_policy(raw)
     assert err.value.status == 400
 
@@ -148,10 +148,10 @@ def test_only_checked_addresses_are_handed_out():
 
 def test_caps():
     within_cap(policy("allowlist"), "open", internal_allowed=False)
-    with pytest.raises(SandcellError) as err:
+    with pytest.raises(ServiceError) as err:
         within_cap(policy("open"), "allowlist", internal_allowed=False)
     assert err.value.status == 403
-    with pytest.raises(SandcellError) as err:
+    with pytest.raises(ServiceError) as err:
         within_cap(policy(allow=["127.0.0.1:80"]), "open", internal_allowed=False)
     assert err.value.status == 403 and "127.0.0.1:80" in err.value.message
     within_cap(policy(allow=["127.0.0.1:80", "203.0.113.0/24"]), "open", internal_allowed=True)

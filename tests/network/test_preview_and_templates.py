@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.manager.templates import ConfigError, parse_templates
 from sandcell.network.preview import PreviewSigner, new_key
 
@@ -53,6 +53,6 @@ def test_a_request_is_capped_by_its_template():
     t = parse_templates({"templates": {"t": {"network_max": "allowlist"}}})["t"]
     assert t.network_policy(None).egress == "none"
     assert t.network_policy({"allow": ["pypi.org"]}).egress == "allowlist"
-    with pytest.raises(SandcellError) as err:
+    with pytest.raises(ServiceError) as err:
         t.network_policy({"egress": "open"})
     assert err.value.status == 403

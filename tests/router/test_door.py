@@ -9,13 +9,13 @@ import resource
 
 import pytest
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import BODY_BUDGET
 from sandcell.router.door import HOLDS, Door, Limits, anonymous
 
 
 def _code(fn: object) -> ErrorCode:
-    with pytest.raises(SandcellError) as refused:
+    with pytest.raises(ServiceError) as refused:
         fn()  # type: ignore[operator]
     return refused.value.code
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_INHERIT = (
@@ -27,13 +27,13 @@ DEFAULT_INHERIT = (
 def validate_env(env: Mapping[str, str], field: str = "env") -> None:
     for name, value in env.items():
         if not name or "=" in name or "\0" in name:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"invalid environment variable name {name!r}",
                 {"field": field},
             )
         if "\0" in value:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"environment variable {name!r} contains a NUL byte",
                 {"field": field},

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from sandcell.cellapi.client import dialer, transport_for
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 HEALTH_PATH = "/health"
 PROBE_TIMEOUT_S = 2.0
@@ -17,7 +17,7 @@ PROBE_TIMEOUT_S = 2.0
 LOCAL_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
-class ProbeInconclusive(SandcellError):
+class ProbeInconclusive(ServiceError):
     """This process ran out of descriptors or buffers: the daemon's health is unknown."""
 
     def __init__(self, cause: OSError) -> None:

@@ -16,7 +16,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from sandcell.cellapi.limits import CODE_TIMEOUT_S, EXEC_TIMEOUT_S, MAX_TIMEOUT_S
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 DEFAULT_MAX_OUTPUT = 1_048_576
 MAX_OUTPUT_CAP = 64 * 1_048_576
@@ -50,14 +50,14 @@ def invalid(field_name: str, message: str) -> ValueError:
 def parse(shape: type[ShapeT], body: bytes) -> ShapeT:
     """The body as `shape`, or a 400 listing what is wrong (`loc`, `msg`, `type`)."""
     if not body:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "request body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "request body must be a JSON object")
     try:
         return msgspec.json.decode(body, type=shape)
     except msgspec.ValidationError as exc:
         error = _located(str(exc), "value_error")
     except msgspec.DecodeError as exc:
         error = {"loc": [], "msg": f"Invalid JSON: {exc}", "type": "json_invalid"}
-    raise SandcellError(ErrorCode.BAD_REQUEST, "request body is not valid", {"errors": [error]})
+    raise ServiceError(ErrorCode.BAD_REQUEST, "request body is not valid", {"errors": [error]})
 
 
 def _located(message: str, kind: str) -> dict[str, Any]:

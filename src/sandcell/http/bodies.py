@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.requests import HTTPConnection, Request
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -40,8 +40,8 @@ class BodyBudget(Protocol):
         """Holds at least `size` bytes of the budget, or raises (429/503)."""
 
 
-def too_large(limit: int) -> SandcellError:
-    return SandcellError(
+def too_large(limit: int) -> ServiceError:
+    return ServiceError(
         ErrorCode.PAYLOAD_TOO_LARGE, f"request body exceeds {limit} bytes", {"limit_bytes": limit}
     )
 
@@ -51,7 +51,7 @@ def declared_length(request: Request) -> int | None:
     if raw is None:
         return None
     if not raw.isdigit():
-        raise SandcellError(ErrorCode.BAD_REQUEST, "invalid Content-Length")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "invalid Content-Length")
     return int(raw)
 
 
@@ -103,7 +103,7 @@ def json_value(
     inner = brackets.replace(b"[]", b"")
     deep = b"[" * max_depth in inner
     if not deep and brackets.count(b"[") > max_containers:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST,
             f"the JSON has more than {max_containers} arrays and objects",
             {"max_containers": max_containers},
@@ -112,7 +112,7 @@ def json_value(
         len(inner) >= max_depth
         and max(accumulate(memoryview(inner.translate(_STEP)).cast("b"))) >= max_depth
     ):
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST,
             f"the JSON is nested deeper than {max_depth}",
             {"max_depth": max_depth},
@@ -120,7 +120,7 @@ def json_value(
     try:
         return json.loads(raw)
     except ValueError as exc:  # UnicodeDecodeError is one
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the body is not JSON") from exc
 
 
 def parse_model(model: type[ModelT], body: bytes) -> ModelT:
@@ -130,7 +130,7 @@ def parse_model(model: type[ModelT], body: bytes) -> ModelT:
     from pydantic import ValidationError  # loaded already: `model` is a pydantic model
 
     if not body:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "request body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "request body must be a JSON object")
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -138,7 +138,7 @@ def parse_model(model: type[ModelT], body: bytes) -> ModelT:
             {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
             for e in exc.errors(include_url=False, include_input=False)
         ]
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST, "request body is not valid", {"errors": errors}
         ) from None
 

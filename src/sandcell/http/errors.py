@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from sandcell.errors import ErrorCode, SandcellError, code_for_status, error_body
+from sandcell.errors import ErrorCode, ServiceError, code_for_status, error_body
 from sandcell.http.limits import TIMED_OUT
 from sandcell.logs import printable
 
@@ -19,12 +19,12 @@ CLIENT_CLOSED = 499
 BODY_TIMED_OUT = 408
 
 
-def error_response(exc: SandcellError) -> JSONResponse:
+def error_response(exc: ServiceError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def _sandcell_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, SandcellError)
+    assert isinstance(exc, ServiceError)
     return error_response(exc)
 
 
@@ -47,7 +47,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS = {
-    SandcellError: _sandcell_error,
+    ServiceError: _sandcell_error,
     HTTPException: _http_exception,
     ClientDisconnect: _client_disconnected,
     Exception: _unexpected,

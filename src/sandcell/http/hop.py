@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -46,7 +46,7 @@ def check_path(path: str) -> str:
     """A relative path relayed into a sandbox: dot segments (which a server may resolve, e.g.
     out of /v1/ports/… to /init) are refused."""
     if any(segment in (".", "..") for segment in path.split("/")):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "dot segments are not allowed in the path")
     return path
 
 

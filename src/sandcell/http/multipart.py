@@ -26,7 +26,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 # Bytes handed to the parser between two turns of the event loop: its byte-by-byte states
 # (a part's headers) cost it ~3 µs a byte at worst, so a slice holds the loop ~10 ms at most.
@@ -37,8 +37,8 @@ MAX_BOUNDARY = 70  # RFC 2046 §5.1.1
 DRAIN_UP_TO = 4 * 1_048_576
 
 
-def bad_form(message: str, **details: object) -> SandcellError:
-    return SandcellError(ErrorCode.BAD_REQUEST, message, details or None)
+def bad_form(message: str, **details: object) -> ServiceError:
+    return ServiceError(ErrorCode.BAD_REQUEST, message, details or None)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sandcell.cellapi import health
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation import disk, usage
 from sandcell.isolation.cell import CellInfo, LocalCells, new_cell_id
 from sandcell.isolation.policy import CellPolicy, IsolationUnavailable
@@ -233,6 +233,6 @@ class LocalBackend:
         cell_id = str(cell["cell_id"])
         info = cells._read_info(cells.cells_dir / cell_id)
         if info is None:
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"cell {cell_id} is gone")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"cell {cell_id} is gone")
         cgroup = cells.cgroups.open(info.cgroup) if cells.cgroups and info.cgroup else None
         return await asyncio.to_thread(usage.measure, cgroup, info.workspace)

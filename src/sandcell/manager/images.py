@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.images.build import Builder, BuildJob
 from sandcell.isolation.images.spec import digest
 from sandcell.isolation.images.store import ImageState, ImageStore
@@ -77,7 +77,7 @@ class TemplateImages:
             self.build(template)
             state = self.state(template)
         if state.state != "ready" or state.digest is None:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.TEMPLATE_NOT_READY,
                 f"the image of template {template.name!r} is {state.state}",
                 {"template": template.name, "image": state.public()},
@@ -93,9 +93,9 @@ class TemplateImages:
 
     def build(self, template: Template) -> BuildJob:
         if self.builder is None:
-            raise SandcellError(ErrorCode.BAD_REQUEST, "this backend does not build images")
+            raise ServiceError(ErrorCode.BAD_REQUEST, "this backend does not build images")
         if not template.image.built:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"template {template.name!r} uses the host's system; there is nothing to build",
             )

@@ -19,7 +19,7 @@ import httpx
 
 from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.policy import IsolationUnavailable
 from sandcell.logs import counted
 from sandcell.manager.backend import Backend, CellHandle
@@ -137,7 +137,7 @@ class Manager:
 
     def template(self, name: str) -> Template:
         if name not in self.templates:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"unknown template {name!r}",
                 {"templates": sorted(self.templates)},
@@ -262,7 +262,7 @@ class Manager:
                 policy, sandbox_id, self.bootstrap_pem, workspace
             )
         except IsolationUnavailable as exc:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.ISOLATION_UNAVAILABLE, str(exc), {"layer": exc.layer}
             ) from exc
         session_key = tokens.generate_p256()
@@ -287,7 +287,7 @@ class Manager:
         (the proxies read the policy from the store on every connection)."""
         policy = self.template(record.template).network_policy(requested)
         if not await self.store.set_network(record.id, policy.public()):
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         if record.state == "running":  # a paused one gets them from its policy at resume
             await self._send_proxy_env(record, policy)
         return dataclasses.replace(record, network=policy.public())
@@ -303,7 +303,7 @@ class Manager:
         try:
             await put_default_env(record.endpoint, record.id, tokens.load_private_key(pem), env)
         except httpx.HTTPError as exc:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.SANDBOX_UNREACHABLE,
                 f"egress {policy.egress!r} is in force, but the sandbox's commands could not be "
                 f"given its proxy variables: {exc}",
@@ -388,7 +388,7 @@ class Manager:
         template = self.template(name)
         users = await self._image_users(name)
         if users:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.CONFLICT,
                 f"{len(users)} sandboxes of template {name!r} are running on its image",
                 {"sandboxes": users[:20]},
@@ -429,7 +429,7 @@ def _template_of(requested: str, snapshot: SnapshotRecord | None) -> str:
     the workspace); asking for another one is a 400."""
     if snapshot is None or requested in (snapshot.template, "default"):
         return snapshot.template if snapshot is not None else requested
-    raise SandcellError(
+    raise ServiceError(
         ErrorCode.BAD_REQUEST,
         f"snapshot {snapshot.id} is of template {snapshot.template!r}, not {requested!r}",
         {"snapshot": snapshot.id, "template": snapshot.template},
@@ -441,7 +441,7 @@ def within_lifetime(template: Template, **requested: int | None) -> None:
     the operator's capacity plan both follow the template)."""
     for field, value in requested.items():
         if value is not None and value > template.max_lifetime_s:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"{field} may not exceed the template's max_lifetime_s "
                 f"({template.max_lifetime_s} s)",

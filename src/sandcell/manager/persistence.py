@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sandcell import tokens
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.network.environment import proxy_env
 from sandcell.network.policy import parse_policy
 from sandcell.store import SandboxRecord
@@ -42,7 +42,7 @@ class Persistence:
     async def _get(self, sandbox_id: str) -> SandboxRecord:
         record = await self.m.store.get_sandbox(sandbox_id)
         if record is None:
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {sandbox_id} not found")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {sandbox_id} not found")
         return record
 
     async def settled(self, sandbox_id: str) -> SandboxRecord:
@@ -103,7 +103,7 @@ class Persistence:
         if not await self.m.store.transition(paused, ("pausing",)):
             # Deleted meanwhile: its deletion may have looked for the workspace too early.
             await self.m.backend.discard_workspace(record.workspace)
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return paused
 
     async def resume(self, sandbox_id: str) -> SandboxRecord:
@@ -150,7 +150,7 @@ class Persistence:
         if not await self.m.store.transition(running, ("resuming",)):
             await self.m.backend.destroy(warm.handle.cell)
             await self.m.backend.discard_workspace(record.workspace)
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return running
 
     async def settle(self, record: SandboxRecord) -> SandboxRecord:
@@ -170,9 +170,9 @@ class Persistence:
         return record
 
 
-def paused_limit(record: SandboxRecord, limit: int) -> SandcellError:
+def paused_limit(record: SandboxRecord, limit: int) -> ServiceError:
     """The 409 of a pause past the key's bound: the sandbox goes on running, untouched."""
-    return SandcellError(
+    return ServiceError(
         ErrorCode.CONFLICT,
         f"this key already keeps {limit} paused sandboxes (the server's max_paused_per_key):"
         " resume or delete one of them first",
@@ -180,8 +180,8 @@ def paused_limit(record: SandboxRecord, limit: int) -> SandcellError:
     )
 
 
-def _conflict(record: SandboxRecord) -> SandcellError:
-    return SandcellError(
+def _conflict(record: SandboxRecord) -> ServiceError:
+    return ServiceError(
         ErrorCode.CONFLICT,
         f"sandbox {record.id} is {record.state}",
         {"sandbox_id": record.id, "state": record.state},

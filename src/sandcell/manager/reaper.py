@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sandcell.cellapi.health import ProbeInconclusive
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.logs import counted
 from sandcell.manager.persistence import MOVING
 from sandcell.store import SandboxRecord
@@ -72,7 +72,7 @@ class Reaper:
             try:
                 await self.m.persistence.pause(sandbox_id)
                 return
-            except SandcellError as exc:
+            except ServiceError as exc:
                 log.warning(
                     "sandbox %s of %s could not be paused at its timeout, deleted instead: %s",
                     sandbox_id,

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.disk import DiskError
 from sandcell.store import ByteReservation, SnapshotRecord
 
@@ -78,7 +78,7 @@ class Snapshots:
             return await self.m.backend.copy_workspace(cell, home, dest)
         except DiskError as exc:
             log.warning("snapshot of %s failed: %s", sandbox_id, exc)
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.OVERLOADED,
                 "the snapshot could not be written (the server's disk may be full)",
                 {"sandbox_id": sandbox_id},
@@ -103,9 +103,9 @@ class Snapshots:
             raise await self._over_quota(reservation.owner, size, held_by_us=reservation.size)
         return settled
 
-    async def _over_quota(self, owner: str, size: int, held_by_us: int = 0) -> SandcellError:
+    async def _over_quota(self, owner: str, size: int, held_by_us: int = 0) -> ServiceError:
         used = await self.m.store.snapshot_bytes_held(owner) - held_by_us
-        return SandcellError(
+        return ServiceError(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"this snapshot ({size} bytes) would exceed the snapshot quota "
             f"({used} of {self.quota_bytes} bytes used)",
@@ -116,7 +116,7 @@ class Snapshots:
         """The snapshot if `owner` (None: an admin) has it; else 404, not revealing it."""
         record = await self.m.store.get_snapshot(snapshot_id)
         if record is None or owner not in (None, record.owner):
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.NOT_FOUND,
                 f"snapshot {snapshot_id} not found",
                 {"snapshot_id": snapshot_id},
@@ -135,7 +135,7 @@ class Snapshots:
             await self.m.backend.copy_workspace(None, record.path, home)
         except DiskError as exc:
             log.warning("copy of snapshot %s failed: %s", record.id, exc)
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.OVERLOADED, "no room for the sandbox's workspace on the server"
             ) from None
         return home
@@ -144,7 +144,7 @@ class Snapshots:
         """Snapshot files that no record names (a crash before the record was written)."""
         try:
             folder = Path(self.m.backend.snapshot_path("x")).parent
-        except SandcellError:
+        except ServiceError:
             return []  # this backend keeps none
         await self.m.store.repair_snapshot_quota()
         if not folder.is_dir():

@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from sandcell.cellapi.environment import DEFAULT_INHERIT
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.images.spec import ImageSpec
 from sandcell.isolation.policy import LAYERS, CellPolicy
 from sandcell.network.policy import MODES, Mode, NetworkPolicy, parse_policy, within_cap
@@ -90,7 +90,7 @@ class Template(BaseModel):
         }
         try:
             return parse_policy(raw)
-        except SandcellError as exc:
+        except ServiceError as exc:
             raise ValueError(exc.message) from None
 
     def network_policy(self, requested: Any) -> NetworkPolicy:
@@ -125,7 +125,7 @@ class Template(BaseModel):
             cap = getattr(self, f"max_{name}") or default
             value = (requested or {}).get(name)
             if value is not None and value > cap:
-                raise SandcellError(
+                raise ServiceError(
                     ErrorCode.BAD_REQUEST,
                     f"resources.{name} may not exceed the template's max_{name} ({cap})",
                     {"field": f"resources.{name}", "limit": cap},

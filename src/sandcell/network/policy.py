@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 Mode = Literal["none", "allowlist", "open"]
 MODES: tuple[Mode, ...] = ("none", "allowlist", "open")  # narrowest first
@@ -70,8 +70,8 @@ class NetworkPolicy:
 NONE = NetworkPolicy()
 
 
-def bad(message: str, **details: Any) -> SandcellError:
-    return SandcellError(ErrorCode.BAD_REQUEST, message, details)
+def bad(message: str, **details: Any) -> ServiceError:
+    return ServiceError(ErrorCode.BAD_REQUEST, message, details)
 
 
 def parse_policy(raw: Any, where: str = "network") -> NetworkPolicy:
@@ -143,14 +143,14 @@ def _port(text: str | None, entry: str, where: str) -> int | None:
 def within_cap(policy: NetworkPolicy, network_max: Mode, internal_allowed: bool) -> None:
     """A request may narrow the template's widest policy, never widen it: 403 beyond."""
     if MODES.index(policy.egress) > MODES.index(network_max):
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.FORBIDDEN,
             f"egress {policy.egress!r} is wider than this template allows ({network_max!r})",
             {"egress": policy.egress, "network_max": network_max},
         )
     internal = policy.internal_entries()
     if internal and not internal_allowed:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.FORBIDDEN,
             f"allow entry {internal[0]!r} names a host-internal address, which this template "
             "does not let requests open (network_internal)",

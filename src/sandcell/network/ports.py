@@ -19,7 +19,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.websockets import WebSocket
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http import hop
 from sandcell.network import websocket as ws
 
@@ -31,7 +31,7 @@ RESPONSE_TIMEOUT_S = 120.0  # the router's own default read timeout
 def target_port(request: HTTPConnection) -> int:
     text = request.path_params["port"]
     if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid port {text!r}", {"port": text})
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"invalid port {text!r}", {"port": text})
     return int(text)
 
 
@@ -104,8 +104,8 @@ async def _close(close: Callable[[], None]) -> None:
         close()
 
 
-def _unreachable(port: int, why: str) -> SandcellError:
-    return SandcellError(
+def _unreachable(port: int, why: str) -> ServiceError:
+    return ServiceError(
         ErrorCode.SANDBOX_UNREACHABLE,
         f"port {port} in the sandbox: {why}",
         {"port": port},

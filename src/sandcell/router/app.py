@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from sandcell import __version__
 from sandcell.compat import agentcube, e2b
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.hop import check_path
@@ -92,7 +92,7 @@ async def readyz(request: Request) -> Response:
     try:
         await r.store.ping()
     except Exception as exc:
-        raise SandcellError(ErrorCode.OVERLOADED, "the store is unreachable") from exc
+        raise ServiceError(ErrorCode.OVERLOADED, "the store is unreachable") from exc
     return JSONResponse({"status": "ready"})
 
 
@@ -186,7 +186,7 @@ STORE_OUTAGES = (
 async def _store_unavailable(request: Request, exc: Exception) -> Response:
     # Debug only: sandcell.store.health tells the operator once when the store goes and comes.
     log.debug("store unavailable on %s %s: %s", request.method, printable(request.url.path), exc)
-    error = SandcellError(
+    error = ServiceError(
         ErrorCode.OVERLOADED,
         "the store is unavailable; retry shortly",
         headers={"Retry-After": "1"},

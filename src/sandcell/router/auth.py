@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.ratelimit import TokenBucket, retry_after_header
 from sandcell.store import Store, hash_api_key
 
@@ -44,7 +44,7 @@ class Authenticator:
                 return Principal(record.principal, record.admin)
         self._check_not_blocked(client)
         self._record_failure(client)
-        raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing, unknown or revoked API key")
+        raise ServiceError(ErrorCode.UNAUTHENTICATED, "missing, unknown or revoked API key")
 
     def _bucket(self, client: str) -> TokenBucket:
         bucket = self._failures.pop(client, None) or TokenBucket(FAILURE_RATE_PER_S, FAILURE_BURST)
@@ -56,7 +56,7 @@ class Authenticator:
     def _check_not_blocked(self, client: str) -> None:
         bucket = self._failures.get(client)
         if bucket is not None and (wait := bucket.peek()):
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 "too many failed authentications",
                 headers=retry_after_header(wait),

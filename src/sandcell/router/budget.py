@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 RETRY_AFTER = {"Retry-After": "1"}
 FREE_BYTES = 65_536
@@ -40,14 +40,14 @@ class ByteBudget:
     def _take(self, key: str, n: int) -> None:
         held = self._by_key.get(key, 0)
         if held + n > self.per_key:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 "this key has too many request bodies in flight",
                 {"limit_bytes": self.per_key},
                 headers=RETRY_AFTER,
             )
         if self.used + n > self.total:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.OVERLOADED, "too many request bodies in flight", headers=RETRY_AFTER
             )
         self._by_key[key] = held + n

@@ -34,7 +34,7 @@ from starlette.requests import HTTPConnection
 from sandcell import tokens
 from sandcell.cellapi.client import dialer
 from sandcell.cellapi.limits import answer_within_s
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.hop import request_target_bytes
 from sandcell.http.upstream import (
     Connection,
@@ -86,14 +86,14 @@ class Call:
         return cls(method, target, ((b"content-type", b"application/json"),), body)
 
 
-def daemon_error(status: int, data: bytes) -> SandcellError:
-    """A daemon's SPEC §1 error as the same SandcellError, so each adapter maps it once; an
+def daemon_error(status: int, data: bytes) -> ServiceError:
+    """A daemon's SPEC §1 error as the same ServiceError, so each adapter maps it once; an
     answer that is not one means the sandbox misbehaved, not the router."""
     try:
         error = json.loads(data)["error"]
-        return SandcellError(ErrorCode(error["code"]), str(error["message"]), error.get("details"))
+        return ServiceError(ErrorCode(error["code"]), str(error["message"]), error.get("details"))
     except (ValueError, KeyError, TypeError, RecursionError):
-        return SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"the sandbox answered {status}")
+        return ServiceError(ErrorCode.SANDBOX_UNREACHABLE, f"the sandbox answered {status}")
 
 
 @contextlib.contextmanager
@@ -102,13 +102,13 @@ def map_errors(sandbox_id: str) -> Iterator[None]:
     try:
         yield
     except (UpstreamTimeout, TimeoutError) as exc:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.SANDBOX_TIMEOUT,
             "the sandbox did not answer in time",
             {"sandbox_id": sandbox_id},
         ) from exc
     except (UpstreamError, OSError) as exc:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.SANDBOX_UNREACHABLE,
             "the sandbox is unreachable",
             {"sandbox_id": sandbox_id},
@@ -172,9 +172,7 @@ class Answer:
         try:
             return json.loads(data) if data else None
         except (ValueError, RecursionError) as exc:
-            raise SandcellError(
-                ErrorCode.SANDBOX_UNREACHABLE, "the sandbox answered oddly"
-            ) from exc
+            raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox answered oddly") from exc
 
     async def raise_for_error(self) -> Answer:
         if self.status >= 400:
@@ -248,7 +246,7 @@ class Hop:
         if key is None:
             pem = await self.store.get_session_key(sandbox_id)
             if pem is None:
-                raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {sandbox_id} not found")
+                raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {sandbox_id} not found")
             key = tokens.load_private_key(pem)
             self._keys.put(sandbox_id, key)
         return key
@@ -313,7 +311,7 @@ def _head(call: Call, host: bytes, token: str) -> bytes:
     try:
         return request_head(call.method, request_target_bytes(call.target), host, headers)
     except ValueError as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "invalid request head") from exc
+        raise ServiceError(ErrorCode.BAD_REQUEST, "invalid request head") from exc
 
 
 class Activity:
@@ -385,7 +383,7 @@ class Router:
     async def sandbox_of(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         record = await self.store.get_sandbox(sandbox_id)
         if record is None or record.state == "deleted" or not principal.owns(record.owner):
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.SANDBOX_NOT_FOUND,
                 f"sandbox {sandbox_id} not found",
                 {"sandbox_id": sandbox_id},
@@ -406,7 +404,7 @@ class Router:
         limit = self.limits.max_sandboxes_per_key
         reservation = await self.store.reserve_sandbox(owner, limit)
         if reservation is None:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 f"this key already has {limit} sandboxes",
                 headers={"Retry-After": "5"},
@@ -463,7 +461,7 @@ class Router:
         await self.store.touch(record.id, time.time(), idle_timeout_s)
         refreshed = await self.store.get_sandbox(record.id)
         if refreshed is None:
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
         return refreshed
 
     async def set_end(
@@ -480,7 +478,7 @@ class Router:
         for _ in range(3):  # lost to a concurrent write of the record: read it again
             fresh = await self.store.get_sandbox(record.id)
             if fresh is None:
-                raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+                raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
             now = time.time()
             if extend_only and fresh.deadline >= now + timeout_s:
                 return fresh
@@ -489,7 +487,7 @@ class Router:
             )
             if await self.store.transition(ended, ("running",)):
                 return ended
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is changing; retry")
+        raise ServiceError(ErrorCode.CONFLICT, f"sandbox {record.id} is changing; retry")
 
     # -- the hop ---------------------------------------------------------------------------
 

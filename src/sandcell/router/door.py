@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from starlette.types import Scope
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import BODY_BUDGET
 from sandcell.http.limits import MIN_FD_RESERVE
 from sandcell.router.budget import ByteBudget
@@ -85,21 +85,21 @@ class Counts:
         keyless = key.startswith(ANONYMOUS)
         who = "this sandbox's preview visitors have" if keyless else "this key has"
         if self.by_key[key] >= self.per_key:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 f"{who} {self.per_key} {self.what} already",
                 {"limit": self.per_key},
                 headers=RETRY_AFTER,
             )
         if keyless and self.anonymous >= self.anonymous_total:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.OVERLOADED,
                 f"too many {self.what} of preview visitors at once",
                 {"limit": self.anonymous_total},
                 headers=RETRY_AFTER,
             )
         if self.held >= self.total:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.OVERLOADED, f"too many {self.what} at once", headers=RETRY_AFTER
             )
         self.by_key[key] += 1

@@ -18,7 +18,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import error_response
 from sandcell.http.hop import check_path
@@ -118,8 +118,8 @@ async def _relay(request: Request, record: SandboxRecord, port: int, prefix: str
     return await proxy.forward(request.app.state.router, request, record, target)
 
 
-def _no_preview() -> SandcellError:
-    return SandcellError(ErrorCode.NOT_FOUND, "no such preview (expired, invalid or deleted)")
+def _no_preview() -> ServiceError:
+    return ServiceError(ErrorCode.NOT_FOUND, "no such preview (expired, invalid or deleted)")
 
 
 async def port_websocket(websocket: WebSocket) -> None:
@@ -132,9 +132,9 @@ async def port_websocket(websocket: WebSocket) -> None:
         prefix = f"/v1/sandboxes/{record.id}/ports/{port}/"
         target = proxy.sandbox_target(websocket, prefix, f"/v1/ports/{port}/")
     except ValueError:
-        await refuse(websocket, error_response(SandcellError(ErrorCode.BAD_REQUEST, "bad port")))
+        await refuse(websocket, error_response(ServiceError(ErrorCode.BAD_REQUEST, "bad port")))
         return
-    except SandcellError as exc:
+    except ServiceError as exc:
         await refuse(websocket, error_response(exc))
         return
     await relay(websocket, r, record, target, principal.name)
@@ -150,7 +150,7 @@ async def preview_websocket(websocket: WebSocket) -> None:
             raise _no_preview()
         check_path(websocket.path_params["path"])
         target = proxy.sandbox_target(websocket, f"/p/{token}/", f"/v1/ports/{found[1]}/")
-    except SandcellError as exc:
+    except ServiceError as exc:
         await refuse(websocket, error_response(exc))
         return
     r = websocket.app.state.router
@@ -168,7 +168,7 @@ async def _signer(request: HTTPConnection) -> PreviewSigner:
 
 def _port(port: int) -> int:
     if not 0 < port < 65536:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid port {port}", {"port": port})
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"invalid port {port}", {"port": port})
     return port
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.openapi import Operation
 from sandcell.router import schemas
@@ -47,13 +47,13 @@ async def wake(r: Router, record: SandboxRecord) -> SandboxRecord:
         return record
     if record.state == "paused":
         if not record.auto_resume:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.SANDBOX_PAUSED,
                 f"sandbox {record.id} is paused; resume it first",
                 {"sandbox_id": record.id, "state": record.state},
             )
         return await resume_sandbox(r, record)
-    raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+    raise ServiceError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
 
 
 async def resume_sandbox(r: Router, record: SandboxRecord) -> SandboxRecord:

@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from sandcell.cellapi.limits import MAX_JSON_BODY
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http import hop
 from sandcell.http.bodies import declared_length, read_body
 from sandcell.router.core import Answer, Call, Router
@@ -33,7 +33,7 @@ def sandbox_target(request: HTTPConnection, prefix: str, daemon_prefix: str = "/
     byte as the client encoded it, with its query."""
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
     if not raw.startswith(prefix.encode()):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the path is not a plain sandbox path")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the path is not a plain sandbox path")
     query = request.scope.get("query_string", b"")
     tail = raw[len(prefix) :] + (b"?" + query if query else b"")
     return daemon_prefix + tail.decode("latin-1")

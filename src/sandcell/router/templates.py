@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.openapi import Operation
 from sandcell.isolation.images.build import BuildJob
 from sandcell.router import schemas
@@ -22,7 +22,7 @@ NDJSON = "application/x-ndjson"
 async def _admin(request: Request) -> Principal:
     principal = await request.app.state.router.principal(request)
     if not principal.admin:
-        raise SandcellError(ErrorCode.FORBIDDEN, "building and deleting images needs an admin key")
+        raise ServiceError(ErrorCode.FORBIDDEN, "building and deleting images needs an admin key")
     return principal
 
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.store import SandboxRecord
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ async def sandbox_metrics(request: Request) -> Response:
 async def metrics_of(r: Router, record: SandboxRecord) -> SandboxMetrics:
     """What the backend reads of a running sandbox's cell."""
     if record.state != "running":
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
+        raise ServiceError(ErrorCode.CONFLICT, f"sandbox {record.id} is {record.state}")
     used = await r.manager.backend.usage(record.cell)
     template = r.manager.template(record.template)
     own = template.resources(record.resources)  # the create's, within the template's max_*

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.http.errors import error_response
 from sandcell.http.hop import check_path
 from sandcell.network import websocket as ws
@@ -33,7 +33,7 @@ async def relay(
         ) as (upstream, activity):
             await websocket.accept(subprotocol=upstream.subprotocol)
             await ws.relay(websocket, upstream, activity.seen)
-    except SandcellError as exc:
+    except ServiceError as exc:
         await refuse(websocket, error_response(exc))
     except ws.Rejected as exc:  # the daemon refused: its answer is the user's
         await refuse(websocket, Response(exc.body, exc.status, media_type=exc.media_type))
@@ -54,7 +54,7 @@ async def attach(websocket: WebSocket) -> None:
         principal, record = await r.owned(websocket)
         check_path(websocket.path_params["rest"])
         target = sandbox_target(websocket, f"/v1/sandboxes/{record.id}/")
-    except SandcellError as exc:
+    except ServiceError as exc:
         await refuse(websocket, error_response(exc))
         return
     await relay(websocket, r, record, target, principal.name)

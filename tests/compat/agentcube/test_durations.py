@@ -3,7 +3,7 @@
 import pytest
 
 from sandcell.compat.agentcube.picod import DEFAULT_TIMEOUT_S, go_duration_s
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 
 
 @pytest.mark.parametrize(
@@ -25,5 +25,5 @@ def test_durations(value, seconds):
 
 @pytest.mark.parametrize("value", ["soon", "-1s", "1", "s", "1s ", "0s", 0, "25h", 10**9])
 def test_bad_durations_are_refused(value):
-    with pytest.raises(SandcellError):
+    with pytest.raises(ServiceError):
         go_duration_s(value)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandcell.compat.e2b.envd import connect
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -30,7 +30,7 @@ def test_round_trip(message: dict[str, Any]) -> None:
 def test_any_bytes_are_a_message_or_a_bad_request(data: bytes) -> None:
     try:
         assert isinstance(connect.first_message(data), dict)
-    except SandcellError as exc:
+    except ServiceError as exc:
         assert exc.code is ErrorCode.BAD_REQUEST
 
 
@@ -43,7 +43,7 @@ def test_lengths_flags_and_types_are_checked() -> None:
         b"\x00\xff\xff\xff\xff" + body,  # 4 GiB
         b"\x00\x00\x00\x00\x03[1]",  # not an object
     ):
-        with pytest.raises(SandcellError) as caught:
+        with pytest.raises(ServiceError) as caught:
             connect.first_message(bad)
         assert caught.value.code is ErrorCode.BAD_REQUEST
 
@@ -51,7 +51,7 @@ def test_lengths_flags_and_types_are_checked() -> None:
 def test_stream_ends_with_the_error_that_cut_it() -> None:
     async def events() -> AsyncIterator[dict[str, Any]]:
         yield {"n": 1}
-        raise SandcellError(ErrorCode.FILE_NOT_FOUND, "gone")
+        raise ServiceError(ErrorCode.FILE_NOT_FOUND, "gone")
 
     async def collect() -> bytes:
         return b"".join([chunk async for chunk in connect.stream(events())])

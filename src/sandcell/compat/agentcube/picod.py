@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from sandcell.cellapi.limits import MAX_JSON_BODY, MAX_TIMEOUT_S
 from sandcell.compat.agentcube import daemon
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import (
     BODY_BUDGET,
     BodyBudget,
@@ -75,9 +75,9 @@ def go_duration_s(value: str | float | None) -> float:
     elif value and _GO_DURATION.sub("", value) == "":
         seconds = sum(float(n) * _UNIT_S[u] for n, u in _GO_DURATION.findall(value))
     else:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"invalid timeout {value!r}")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"invalid timeout {value!r}")
     if not 0 < seconds <= MAX_TIMEOUT_S:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"timeout must be in (0, {MAX_TIMEOUT_S:g}] s")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"timeout must be in (0, {MAX_TIMEOUT_S:g}] s")
     return seconds
 
 
@@ -113,7 +113,7 @@ async def upload(request: Request, record: SandboxRecord, _: str) -> Response:
     if content_type.startswith("multipart/form-data"):
         try:
             entry = await _form_upload(request, record, content_type)
-        except SandcellError:
+        except ServiceError:
             await drain(request)
             raise
     else:
@@ -135,14 +135,14 @@ async def _form_upload(request: Request, record: SandboxRecord, content_type: st
         if part.name == "path" and path is None:
             path = await part.text()
             if not path:
-                raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' field")
+                raise ServiceError(ErrorCode.BAD_REQUEST, "missing 'path' field")
         elif part.name == "file" and entry is None and held is None:
             if path is None:
                 held = await _held(request, part)
             else:
                 entry = await _put(request, record, path, part.chunks())
     if path is None or (entry is None and held is None):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "a multipart upload needs 'path' and 'file'")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "a multipart upload needs 'path' and 'file'")
     if entry is None and held is not None:
         target = _file_target(path)
         entry = await daemon.json_of(
@@ -179,13 +179,13 @@ def _base64(content: str) -> bytes:
     try:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "content is not valid base64") from None
+        raise ServiceError(ErrorCode.BAD_REQUEST, "content is not valid base64") from None
 
 
 async def list_files(request: Request, record: SandboxRecord, _: str) -> Response:
     path = request.query_params.get("path", "")
     if not path:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "missing 'path' query parameter")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "missing 'path' query parameter")
     target = f"/v1/files/list?path={quote(path, safe='')}&depth=1"
     listing = await daemon.json_of(request, record, "GET", target)
     files = [
@@ -205,7 +205,7 @@ async def download(request: Request, record: SandboxRecord, path: str) -> Respon
     """The file's bytes, streamed from the daemon as they come."""
     remote = path.removeprefix("api/files/").lstrip("/")
     if not remote:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "missing file path")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "missing file path")
     return await daemon.relayed(request, record, "GET", _file_target(remote))
 
 

@@ -14,7 +14,7 @@ from sandcell.compat.agentcube.sessions import (
     caller,
     session_sandbox,
 )
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.hop import check_path
 from sandcell.http.openapi import Operation
 from sandcell.store import SandboxRecord
@@ -33,7 +33,7 @@ def _picod_handler(method: str, path: str) -> Handler:
         return picod.download
     if path == "health" and method == "GET":
         return picod.health
-    raise SandcellError(ErrorCode.NOT_FOUND, f"no PicoD route {method} {path}")
+    raise ServiceError(ErrorCode.NOT_FOUND, f"no PicoD route {method} {path}")
 
 
 async def invoke(request: Request) -> Response:
@@ -47,7 +47,7 @@ async def invoke(request: Request) -> Response:
     if session_id:
         record = await session_sandbox(request, session_id, await caller(request))
         if record.template != name or record.metadata.get(NAMESPACE_LABEL) != namespace:
-            raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, "no such agentcube session")
+            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, "no such agentcube session")
     else:
         session_id, record = await control.new_session(request, name, namespace, None, {})
     response = await handler(request, record, path)

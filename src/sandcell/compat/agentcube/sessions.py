@@ -18,7 +18,7 @@ import re
 
 from starlette.requests import Request
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.router.auth import Principal
 from sandcell.router.core import GONE
 from sandcell.store import SandboxRecord
@@ -79,7 +79,7 @@ async def session_sandbox(
         record = None
     # A session id is its key's credential: it dies when the key is revoked.
     if record is None or not await router.owner_active(record):
-        raise SandcellError(ErrorCode.SANDBOX_NOT_FOUND, "no such agentcube session")
+        raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, "no such agentcube session")
     # The owner's limits bound a keyless call too; a paused sandbox wakes as on /v1.
     router.door.admit(request.scope, record.owner)
     return record

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from sandcell.compat.e2b import control, errors
 from sandcell.compat.e2b.envd import app as envd
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.openapi import routes
 
 PREFIX = "/e2b"
@@ -51,13 +51,13 @@ class _NotServed:
         )
         message = f"{request.method} {path} is not served"
         if allowed:
-            error = SandcellError(
+            error = ServiceError(
                 ErrorCode.METHOD_NOT_ALLOWED, message, headers={"Allow": ", ".join(allowed)}
             )
         elif path.startswith(CONNECT_PATHS):
-            error = SandcellError(ErrorCode.NOT_IMPLEMENTED, f"{message} by sandcell")
+            error = ServiceError(ErrorCode.NOT_IMPLEMENTED, f"{message} by sandcell")
         else:
-            error = SandcellError(ErrorCode.NOT_FOUND, message)
+            error = ServiceError(ErrorCode.NOT_FOUND, message)
         shape = errors.connect_unary_error if path.startswith(CONNECT_PATHS) else errors.rest_error
         await shape(error)(scope, receive, send)
 

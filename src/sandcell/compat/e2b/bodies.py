@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import json_value, read_body
 
 
@@ -16,7 +16,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
     caller's shape (Connect's `invalid_argument`, or E2B's REST error), never a 500."""
     value = json_value(raw) if raw.strip() else {}
     if not isinstance(value, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     return value
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
-from sandcell.errors import STATUS, ErrorCode, SandcellError
+from sandcell.errors import STATUS, ErrorCode, ServiceError
 
 CONNECT_CODES: dict[ErrorCode, str] = {
     ErrorCode.BAD_REQUEST: "invalid_argument",
@@ -64,16 +64,16 @@ class ConnectError(BaseModel):
     message: str
 
 
-def connect_error(exc: SandcellError) -> dict[str, str]:
+def connect_error(exc: ServiceError) -> dict[str, str]:
     return {"code": CONNECT_CODES.get(exc.code, "internal"), "message": exc.message}
 
 
-def rest_error(exc: SandcellError) -> JSONResponse:
+def rest_error(exc: ServiceError) -> JSONResponse:
     status = STATUS.get(exc.code, 500)
     return JSONResponse({"code": status, "message": exc.message}, status, headers=exc.headers)
 
 
-def connect_unary_error(exc: SandcellError) -> JSONResponse:
+def connect_unary_error(exc: ServiceError) -> JSONResponse:
     body = connect_error(exc)
     # A known procedure asked with another method: HTTP's 405, as connect-go answers it.
     status = 405 if exc.code is ErrorCode.METHOD_NOT_ALLOWED else CONNECT_STATUS[body["code"]]

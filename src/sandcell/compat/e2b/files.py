@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.compat.e2b.envd.filesystem import METADATA_PREFIX, e2b_metadata
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import declared_length, stream_body, too_large
 from sandcell.http.multipart import FormLimits, FormReader, drain
 from sandcell.router.core import Call
@@ -52,7 +52,7 @@ async def _inflated(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[b
             try:
                 out = inflater.decompress(data, INFLATE_STEP)
             except zlib.error as exc:
-                raise SandcellError(ErrorCode.BAD_REQUEST, "the gzip body cannot be read") from exc
+                raise ServiceError(ErrorCode.BAD_REQUEST, "the gzip body cannot be read") from exc
             data = inflater.unconsumed_tail
             size += len(out)
             if size > limit:
@@ -60,7 +60,7 @@ async def _inflated(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[b
             if out:
                 yield out
     if not inflater.eof:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the gzip body is cut short")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the gzip body is cut short")
 
 
 async def _put(
@@ -75,7 +75,7 @@ async def _put(
     is known); sent as a streamed `Call` through the router core, which `Gateway.daemon`
     offers only for a whole request's body."""
     if not path:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
     query = {"path": to_workspace(path)}
     if metadata:
         query["metadata"] = json.dumps({METADATA_PREFIX + k: v for k, v in metadata.items()})
@@ -122,7 +122,7 @@ async def upload(gateway: Gateway, record: SandboxRecord, request: Request) -> R
     query_path = request.query_params.get("path")
     metadata = _metadata(request)
     if encoding not in ("", "identity", "gzip"):
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"unsupported Content-Encoding {encoding!r}")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"unsupported Content-Encoding {encoding!r}")
     body = stream_body(request)
     length = declared_length(request)
     if encoding == "gzip":
@@ -132,7 +132,7 @@ async def upload(gateway: Gateway, record: SandboxRecord, request: Request) -> R
             written = await _form(gateway, record, content_type, body, query_path, metadata)
         else:
             written = [await _put(gateway, record, query_path, body, length, metadata)]
-    except SandcellError:
+    except ServiceError:
         await drain(request)
         raise
     return JSONResponse(written)

@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from starlette.requests import Request
 
 from sandcell.compat.e2b.tokens import AccessTokens
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import declared_length
 from sandcell.router.core import Answer, Call, Router
 from sandcell.store import SandboxRecord
@@ -26,7 +26,7 @@ def _line(data: bytes) -> dict[str, Any]:
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # a stream cut mid-line (a truncated relay)
-        raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox's stream was cut") from exc
+        raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, "the sandbox's stream was cut") from exc
 
 
 async def ndjson(answer: Answer) -> AsyncIterator[dict[str, Any]]:
@@ -69,7 +69,7 @@ class Gateway:
     ) -> Answer:
         """`method /v1/<rest>` on the sandbox's daemon; `body` may be the caller's request,
         whose body then streams through unbuffered. A daemon's error is raised as the same
-        `SandcellError`."""
+        `ServiceError`."""
         target = "/v1/" + quote(rest, safe="/") + (f"?{urlencode(query)}" if query else "")
         fields = [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()

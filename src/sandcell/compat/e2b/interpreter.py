@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.http.hop import check_path
 from sandcell.store import SandboxRecord
 
@@ -61,7 +61,7 @@ async def _execute_lines(response: Response) -> AsyncIterator[bytes]:
         async for line in ndjson(response):
             if (translated := _translate(line)) is not None:
                 yield _line(translated)
-    except SandcellError as exc:
+    except ServiceError as exc:
         yield _line(
             {"type": "error", "name": "SandboxError", "value": exc.message, "traceback": ""}
         )

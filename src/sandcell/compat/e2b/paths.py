@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 HOME = "/home/user"
 CELL_WORKSPACE = "/workspace"
@@ -21,9 +21,9 @@ def to_workspace(path: object) -> str:
     if path is None or path == "":
         return "."
     if not isinstance(path, str):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "a path must be a string")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "a path must be a string")
     if "\x00" in path:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "a path cannot hold NUL")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "a path cannot hold NUL")
     if path.startswith("~"):
         path = HOME + path[1:]
     if not path.startswith("/"):
@@ -34,7 +34,7 @@ def to_workspace(path: object) -> str:
             return "."
         if normal.startswith(root + "/"):
             return normal[len(root) + 1 :]
-    raise SandcellError(
+    raise ServiceError(
         ErrorCode.FORBIDDEN, f"{path} is outside {HOME}, the only directory a sandbox has"
     )
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sandcell.daemon.code.results import Event, RunOutput, error_event
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 DRIVER = Path(__file__).with_name("bash_driver.sh")
 BASH = "/bin/bash"
@@ -30,7 +30,7 @@ class BashLanguage:
         sourced by the shell (not a subshell) with the run's env assigned for that run only."""
         for name in env:
             if not _NAME.fullmatch(name):
-                raise SandcellError(
+                raise ServiceError(
                     ErrorCode.BAD_REQUEST,
                     f"{name!r} is not a shell variable name",
                     {"field": "env"},

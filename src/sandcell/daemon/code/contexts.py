@@ -22,7 +22,7 @@ from sandcell.daemon.code.bash_kernel import BashLanguage
 from sandcell.daemon.code.kernel import Kernel, KernelDied, Language, Tracker
 from sandcell.daemon.code.python_kernel import PythonLanguage
 from sandcell.daemon.code.results import RunOutput, error_event, timeout_error
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 INTERRUPT_GRACE_S = 2.0
 START_TIMEOUT_S = 60.0
@@ -62,7 +62,7 @@ class Context:
         try:
             kernel = Kernel.spawn(self.language, self.cwd, self._env(), self._tracker)
         except OSError as exc:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.OVERLOADED,
                 f"could not start the {self.language.name} context's process: {exc.strerror}",
             ) from None
@@ -71,7 +71,7 @@ class Context:
                 await kernel.ready
         except (KernelDied, TimeoutError):
             kernel.kill()
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 self.language.start_failure(kernel.stderr_tail),
                 {"context_id": self.id, "language": self.language.name},
@@ -236,7 +236,7 @@ class Contexts:
 
     def language(self, name: str) -> Language:
         if name not in self._languages:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"unknown language {name!r}; known: {sorted(self._languages)}",
                 {"field": "language"},
@@ -247,7 +247,7 @@ class Contexts:
         """A new context in `cwd` (an absolute, checked directory); its process starts later."""
         lang = self.language(language)
         if len(self._contexts) >= MAX_CONTEXTS:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 f"at most {MAX_CONTEXTS} contexts at once: delete one first",
                 {"limit": MAX_CONTEXTS},
@@ -258,7 +258,7 @@ class Contexts:
 
     def get(self, context_id: str) -> Context:
         if context_id not in self._contexts:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.NOT_FOUND,
                 f"no code context {context_id!r}",
                 {"context_id": context_id},
@@ -270,7 +270,7 @@ class Contexts:
         if context_id is not None:
             context = self.get(context_id)
             if language not in (None, context.language.name):
-                raise SandcellError(
+                raise ServiceError(
                     ErrorCode.BAD_REQUEST,
                     f"context {context_id} runs {context.language.name}, not {language}",
                     {"field": "language"},

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Literal, TypedDict
 
 from sandcell.daemon.files.workspace import Workspace, fs_error
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 # Downloads are read in the event loop, a MiB at a time (page cache: ~0.2 ms a read): a
 # worker thread per chunk cost the daemon twice the CPU, and a cell out of pids (a fork bomb
@@ -127,7 +127,7 @@ def set_metadata(fd: int, rel: str, metadata: dict[str, str]) -> None:
     if len(metadata) > MAX_METADATA or sum(len(k) + len(v) for k, v in metadata.items()) > (
         MAX_METADATA_BYTES
     ):
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST,
             f"metadata: at most {MAX_METADATA} keys and {MAX_METADATA_BYTES} bytes",
         )
@@ -136,7 +136,7 @@ def set_metadata(fd: int, rel: str, metadata: dict[str, str]) -> None:
             os.setxattr(fd, f"user.{key}", value.encode())
         except OSError as exc:
             if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise SandcellError(
+                raise ServiceError(
                     ErrorCode.NOT_IMPLEMENTED,
                     f"{rel}: the workspace filesystem does not support user xattrs, "
                     "so file metadata cannot be kept",
@@ -163,7 +163,7 @@ class Files:
 
     def list(self, path: str, depth: int) -> EntryRecords:
         if not 1 <= depth <= MAX_LIST_DEPTH:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.BAD_REQUEST, f"depth must be between 1 and {MAX_LIST_DEPTH}"
             )
         rel = self.ws.relative(path)
@@ -181,7 +181,7 @@ class Files:
             entries: list[tuple[str, os.stat_result, EntryRecord]] = []
             for name, st in stats:
                 if len(out) + len(entries) >= MAX_LIST_ENTRIES:
-                    raise SandcellError(
+                    raise ServiceError(
                         ErrorCode.BAD_REQUEST,
                         f"more than {MAX_LIST_ENTRIES} entries; list with a smaller depth",
                     )
@@ -232,7 +232,7 @@ class Files:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise SandcellError(ErrorCode.BAD_REQUEST, f"{rel}: not a regular file", {"path": rel})
+            raise ServiceError(ErrorCode.BAD_REQUEST, f"{rel}: not a regular file", {"path": rel})
         return fd, st.st_size
 
     @staticmethod
@@ -293,7 +293,7 @@ class Files:
         """The rename would replace a symlink, not follow it; still, one pointing out is a 403."""
         try:
             os.close(self.ws.open(rel, os.O_PATH))
-        except SandcellError as exc:
+        except ServiceError as exc:
             if exc.code is not ErrorCode.FILE_NOT_FOUND:
                 raise
 
@@ -310,8 +310,8 @@ class Files:
             except OSError as exc:
                 raise fs_error(exc, rel) from exc
 
-    def _too_large(self, rel: str) -> SandcellError:
-        return SandcellError(
+    def _too_large(self, rel: str) -> ServiceError:
+        return ServiceError(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"{rel}: upload exceeds the disk quota of {self.max_upload_bytes} bytes",
             {"path": rel, "limit_bytes": self.max_upload_bytes},

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.cellapi import schemas
 from sandcell.daemon.http.table import call_of, json_of
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import declared_length, stream_body
 from sandcell.http.openapi import Operation, Query
 
@@ -30,14 +30,14 @@ def _daemon(request: Request) -> Daemon:
 def _query(request: Request, name: str) -> str:
     value = request.query_params.get(name)
     if value is None:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"missing query parameter {name!r}")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"missing query parameter {name!r}")
     return value
 
 
 def _flag(request: Request, name: str) -> bool:
     value = request.query_params.get(name, "false").lower()
     if value not in ("true", "false", "1", "0"):
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be true or false")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"{name} must be true or false")
     return value in ("true", "1")
 
 
@@ -50,12 +50,12 @@ def _metadata(request: Request) -> dict[str, str] | None:
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "metadata must be a JSON object") from exc
+        raise ServiceError(ErrorCode.BAD_REQUEST, "metadata must be a JSON object") from exc
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and k and "\0" not in k and isinstance(v, str) and "\0" not in v
         for k, v in value.items()
     ):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "metadata must map names to strings")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "metadata must map names to strings")
     return value
 
 
@@ -104,7 +104,7 @@ async def list_files(request: Request) -> Response:
     d = _daemon(request)
     raw_depth = request.query_params.get("depth", "1")
     if not (raw_depth.isascii() and raw_depth.isdigit()):  # int() refuses "³", isdigit not
-        raise SandcellError(ErrorCode.BAD_REQUEST, "depth must be a positive integer")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "depth must be a positive integer")
     entries = d.files.list(request.query_params.get("path", "."), int(raw_depth))
     return JSONResponse({"entries": entries})
 

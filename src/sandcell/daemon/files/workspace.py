@@ -15,7 +15,7 @@ import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (asm-generic)
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -71,17 +71,17 @@ _ERRNO_CODES = {
 }
 
 
-def fs_error(exc: OSError, path: str) -> SandcellError:
+def fs_error(exc: OSError, path: str) -> ServiceError:
     """The caller-facing error for a failed file operation on `path`."""
     code = _ERRNO_CODES.get(exc.errno or 0, ErrorCode.INTERNAL)
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno in (errno.EXDEV, errno.ELOOP):
         reason = "path leads outside the workspace"
-    return SandcellError(code, f"{path}: {reason}", {"path": path})
+    return ServiceError(code, f"{path}: {reason}", {"path": path})
 
 
-def _forbidden(path: str, why: str) -> SandcellError:
-    return SandcellError(ErrorCode.FORBIDDEN, f"{path}: {why}", {"path": path})
+def _forbidden(path: str, why: str) -> ServiceError:
+    return ServiceError(ErrorCode.FORBIDDEN, f"{path}: {why}", {"path": path})
 
 
 class Workspace:
@@ -96,7 +96,7 @@ class Workspace:
     def relative(self, path: str) -> str:
         """The lexically normalised workspace-relative path ('.' is the root)."""
         if "\0" in path:
-            raise SandcellError(ErrorCode.BAD_REQUEST, "path contains a NUL byte")
+            raise ServiceError(ErrorCode.BAD_REQUEST, "path contains a NUL byte")
         if path.startswith("/"):
             rel = posixpath.relpath(posixpath.normpath(path), self.root)
         else:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sandcell import tokens
 from sandcell.cellapi.environment import validate_env
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.ratelimit import TokenBucket, retry_after_header
 
 INIT_RATE_PER_S = 2.0
@@ -40,13 +40,13 @@ class ReplayCache:
         if jti in self._seen:
             raise tokens.TokenError("token already used (replay)")
         if len(self._seen) >= self.capacity:
-            raise SandcellError(ErrorCode.OVERLOADED, "too many live request tokens")
+            raise ServiceError(ErrorCode.OVERLOADED, "too many live request tokens")
         self._seen.add(jti)
         heapq.heappush(self._by_expiry, (exp + tokens.LEEWAY_S, jti))
 
 
-def _unauthenticated(reason: object) -> SandcellError:
-    return SandcellError(ErrorCode.UNAUTHENTICATED, f"invalid token: {reason}")
+def _unauthenticated(reason: object) -> ServiceError:
+    return ServiceError(ErrorCode.UNAUTHENTICATED, f"invalid token: {reason}")
 
 
 class Guard:
@@ -68,13 +68,13 @@ class Guard:
     def initialize(self, token: str) -> None:
         wait = self._init_bucket.try_take()
         if wait:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED, "too many init attempts", headers=retry_after_header(wait)
             )
         try:
             verified = tokens.verify_bootstrap_token(token, self._bootstrap_key, self.sandbox_id)
         except tokens.SubjectMismatch as exc:
-            raise SandcellError(ErrorCode.FORBIDDEN, str(exc)) from exc
+            raise ServiceError(ErrorCode.FORBIDDEN, str(exc)) from exc
         except tokens.TokenError as exc:
             raise _unauthenticated(exc) from exc
         try:
@@ -82,7 +82,7 @@ class Guard:
         except tokens.TokenError as exc:
             raise _unauthenticated(exc) from exc
         if self.initialized:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.ALREADY_INITIALIZED, "this daemon already holds a session key"
             )
         session_key, default_env = _init_payload(verified.claims)
@@ -98,10 +98,10 @@ class Guard:
         body_required: bool,
     ) -> tokens.VerifiedToken:
         if self._session_key is None:
-            raise SandcellError(ErrorCode.NOT_INITIALIZED, "daemon is not initialised")
+            raise ServiceError(ErrorCode.NOT_INITIALIZED, "daemon is not initialised")
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing bearer token")
+            raise ServiceError(ErrorCode.UNAUTHENTICATED, "missing bearer token")
         try:
             verified = tokens.verify_request_token(
                 token.strip(),

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from sandcell.cellapi import schemas
 from sandcell.cellapi.limits import MAX_JSON_BODY
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.http.bodies import path_with_query, read_body
 from sandcell.http.errors import error_response
 from sandcell.http.openapi import Endpoint, Operation
@@ -112,7 +112,7 @@ def _secured_websocket(op: WebSocketOperation) -> Callable[[WebSocket], Awaitabl
     async def endpoint(websocket: WebSocket) -> None:
         try:
             _verify(websocket, "GET", b"" if op.bound else None, op.bound)
-        except SandcellError as exc:  # before accepting: the handshake gets the error
+        except ServiceError as exc:  # before accepting: the handshake gets the error
             await websocket.send_denial_response(error_response(exc))
             return
         await handler(websocket)

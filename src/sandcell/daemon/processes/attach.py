@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandcell.daemon.processes.outputlog import Chunk, parse_offset
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.errors import error_response
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ async def attach(websocket: WebSocket) -> None:
     try:
         process = daemon.processes.get(websocket.path_params["pid"])
         offset = parse_offset(websocket.query_params.get("offset", "0"))
-    except SandcellError as exc:
+    except ServiceError as exc:
         await websocket.send_denial_response(error_response(exc))
         return
     await websocket.accept()
@@ -63,7 +63,7 @@ async def _receive_input(websocket: WebSocket, process: Process) -> None:
                     await process.write_stdin(message["bytes"])
                 elif message.get("text") is not None:
                     _control(process, message["text"])
-            except SandcellError as exc:
+            except ServiceError as exc:
                 await websocket.send_text(json.dumps({"type": "error", **exc.body()["error"]}))
 
 
@@ -71,12 +71,12 @@ def _control(process: Process, text: str) -> None:
     try:
         message: Any = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-        raise SandcellError(ErrorCode.BAD_REQUEST, "control frames are JSON") from None
+        raise ServiceError(ErrorCode.BAD_REQUEST, "control frames are JSON") from None
     if not isinstance(message, dict) or message.get("type") != "resize":
-        raise SandcellError(ErrorCode.BAD_REQUEST, 'the only control frame is {"type": "resize"}')
+        raise ServiceError(ErrorCode.BAD_REQUEST, 'the only control frame is {"type": "resize"}')
     cols, rows = message.get("cols"), message.get("rows")
     if not (isinstance(cols, int) and isinstance(rows, int)) or not (
         0 < cols <= 10_000 and 0 < rows <= 10_000
     ):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "resize needs cols and rows in 1..10000")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "resize needs cols and rows in 1..10000")
     process.resize(cols, rows)

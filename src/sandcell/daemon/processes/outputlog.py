@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 DEFAULT_CAP = 1_048_576
 _HOLD = -1  # the follower id of the initial hold
@@ -44,7 +44,7 @@ class _Stream:
 def parse_offset(raw: str) -> int:
     """An offset as written in a query string (ASCII digits only: int() takes others)."""
     if not (raw.isascii() and raw.isdigit()):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "offset must be a non-negative integer")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "offset must be a non-negative integer")
     return int(raw)
 
 

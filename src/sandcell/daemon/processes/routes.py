@@ -16,7 +16,7 @@ from sandcell.daemon.http.table import Body, DaemonOperation, WebSocketOperation
 from sandcell.daemon.processes.attach import attach
 from sandcell.daemon.processes.outputlog import Chunk, parse_offset
 from sandcell.daemon.processes.table import Launch, Process, parse_signal
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.openapi import Operation, Query
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ async def process_output(request: Request) -> Response:
     offset = parse_offset(request.query_params.get("offset", "0"))
     follow = request.query_params.get("follow", "false").lower()
     if follow not in ("true", "false", "1", "0"):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "follow must be true or false")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "follow must be true or false")
     lines = _output_lines(_process(request), offset, follow in ("true", "1"))
     return StreamingResponse(lines, media_type=NDJSON)
 

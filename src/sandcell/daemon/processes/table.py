@@ -24,7 +24,7 @@ from sandcell.daemon.exec.runner import DRAIN_GRACE_S, Runner, exit_status, wait
 from sandcell.daemon.exec.spawn import spawn_command
 from sandcell.daemon.processes import terminal
 from sandcell.daemon.processes.outputlog import OutputLog
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 MAX_RUNNING = 64
 KEEP_EXITED = 64
@@ -209,13 +209,13 @@ class Process:
 
     def send_signal(self, sig: int) -> None:
         if self.exit is not None:
-            raise SandcellError(ErrorCode.CONFLICT, f"process {self.pid} has exited")
+            raise ServiceError(ErrorCode.CONFLICT, f"process {self.pid} has exited")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
 
     def resize(self, cols: int, rows: int) -> None:
         if self.pty is None:
-            raise SandcellError(ErrorCode.CONFLICT, f"process {self.pid} has no terminal")
+            raise ServiceError(ErrorCode.CONFLICT, f"process {self.pid} has no terminal")
         if self.exit is None:
             terminal.resize(self.pty.master, cols, rows)
 
@@ -230,7 +230,7 @@ class Process:
                     except BlockingIOError:
                         await _writable(fd)
             except (BrokenPipeError, OSError) as exc:
-                raise SandcellError(
+                raise ServiceError(
                     ErrorCode.CONFLICT, f"process {self.pid} no longer reads its stdin"
                 ) from exc
 
@@ -247,7 +247,7 @@ class Process:
 
     def _writable_stdin(self) -> int:
         if self._stdin_fd is None or (self.pty is not None and self.exit is not None):
-            raise SandcellError(ErrorCode.CONFLICT, f"process {self.pid} has no open stdin")
+            raise ServiceError(ErrorCode.CONFLICT, f"process {self.pid} has no open stdin")
         return self._stdin_fd
 
     def _close_fds(self) -> None:
@@ -277,12 +277,12 @@ class ProcessTable:
             pid = int(pid) if pid.isascii() and pid.isdigit() else -1
         found = self._running.get(pid) or self._exited.get(pid)
         if found is None:
-            raise SandcellError(ErrorCode.NOT_FOUND, f"no process {pid}", {"pid": pid})
+            raise ServiceError(ErrorCode.NOT_FOUND, f"no process {pid}", {"pid": pid})
         return found
 
     async def start(self, launch: Launch) -> Process:
         if len(self._running) >= MAX_RUNNING:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 f"{MAX_RUNNING} processes are already running",
                 headers={"Retry-After": "1"},
@@ -306,7 +306,7 @@ class ProcessTable:
         streams = len(PTY_STREAMS if launch.pty else PIPE_STREAMS)
         reserved = sum(p.launch.buffer_bytes * len(p.log_streams) for p in self._running.values())
         if reserved + launch.buffer_bytes * streams > RUNNING_BUFFER_BUDGET:
-            raise SandcellError(
+            raise ServiceError(
                 ErrorCode.RATE_LIMITED,
                 "the running processes' output buffers use the whole budget "
                 f"({RUNNING_BUFFER_BUDGET} bytes): use a smaller max_buffer_bytes",
@@ -345,7 +345,7 @@ def _spawn(launch: Launch, kill_tree: KillTree) -> Process:
     try:
         pty = terminal.open_pty(*launch.pty)
     except OSError as exc:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.OVERLOADED, f"cannot allocate a terminal: {exc.strerror or exc}"
         ) from exc
     try:
@@ -373,7 +373,7 @@ def _spawn_or_fail(launch: Launch, argv: list[str], **kwargs: Any) -> subprocess
         return spawn_command(argv, cwd=launch.cwd, start_new_session=True, **kwargs)
     except OSError as exc:
         # Unlike exec, there is no result to carry a 127: the start itself fails.
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST, f"cannot start {argv[0]}: {exc.strerror or exc}"
         ) from exc
 
@@ -410,7 +410,7 @@ def parse_signal(value: str | int) -> int:
         try:
             number = int(signal.Signals[name])
         except KeyError:
-            raise SandcellError(ErrorCode.BAD_REQUEST, f"unknown signal {value!r}") from None
+            raise ServiceError(ErrorCode.BAD_REQUEST, f"unknown signal {value!r}") from None
     if number not in {int(s) for s in signal.valid_signals()} or number == 0:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"unknown signal {value!r}")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"unknown signal {value!r}")
     return number

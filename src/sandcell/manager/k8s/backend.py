@@ -17,7 +17,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from sandcell.cellapi import health
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.usage import CellUsage
 from sandcell.manager.backend import CellHandle
@@ -169,7 +169,7 @@ class KubernetesBackend:
             if not refused:  # a lost answer included: leave no pod behind, even if cancelled
                 await self._discard(sandbox_id)
             if isinstance(exc, PodFailed | httpx2.HTTPError):  # ApiError included
-                raise SandcellError(
+                raise ServiceError(
                     ErrorCode.OVERLOADED,
                     f"no pod could be started for the sandbox: {_reason(exc)}",
                     {"backend": self.name, "pod": sandbox_id},
@@ -257,7 +257,7 @@ class KubernetesBackend:
     async def usage(self, cell: dict[str, Any]) -> CellUsage:
         """Pods are accounted by the kubelet (metrics.k8s.io), which a manager may not be
         allowed to read; sandcell does not guess from inside the pod (docs/kubernetes.md)."""
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.NOT_IMPLEMENTED,
             "sandbox metrics are not available on the Kubernetes backend; "
             "use the cluster's metrics (kubectl top pod)",
@@ -267,7 +267,7 @@ class KubernetesBackend:
     def _not_yet(self, subject: str) -> NoReturn:
         """Pods keep no workspace past their end yet (PersistentVolumeClaims and
         VolumeSnapshots would): docs/kubernetes.md says so."""
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.NOT_IMPLEMENTED,
             "pause, resume and snapshots are not available on the Kubernetes backend yet",
             {"backend": self.name, "subject": subject},

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.manager.templates import Template
 from sandcell.router import schemas
 from sandcell.router.auth import Principal
@@ -37,7 +37,7 @@ Handler = Callable[[Gateway, Principal, Request], Awaitable[Response]]
 def _template(name: Any) -> str:
     name = name or "base"
     if not isinstance(name, str):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "templateID must be a string")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "templateID must be a string")
     return TEMPLATES.get(name, name)
 
 
@@ -78,14 +78,14 @@ def _timeout(body: dict[str, Any]) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TIMEOUT_S:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST, f"timeout must be an integer from 1 to {MAX_TIMEOUT_S}"
         )
     return value
 
 
-def _refused(field: str, why: str) -> SandcellError:
-    return SandcellError(ErrorCode.BAD_REQUEST, f"{field}: {why}", {"field": field})
+def _refused(field: str, why: str) -> ServiceError:
+    return ServiceError(ErrorCode.BAD_REQUEST, f"{field}: {why}", {"field": field})
 
 
 async def _owned(gateway: Gateway, principal: Principal, request: Request) -> SandboxRecord:

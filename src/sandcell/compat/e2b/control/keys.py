@@ -13,7 +13,7 @@ from starlette.responses import Response
 from sandcell.compat.e2b import errors
 from sandcell.compat.e2b.control.common import Handler
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.http.openapi import Endpoint
 
 HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
@@ -47,7 +47,7 @@ def _secured(name: str, handler: Handler) -> Endpoint:
             key = sandcell_key(request.headers.get("x-api-key", ""))
             principal = await gateway.router.principal(request, key)
             return await handler(gateway, principal, request)
-        except SandcellError as exc:
+        except ServiceError as exc:
             return errors.rest_error(exc)
 
     endpoint.__name__ = endpoint.__qualname__ = f"e2b_{name}"

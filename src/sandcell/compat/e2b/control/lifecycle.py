@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from sandcell.compat.e2b.control.common import _created, _owned, _refused
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.router import persistence, schemas
 from sandcell.router.auth import Principal
 
@@ -43,13 +43,13 @@ async def pause(gateway: Gateway, principal: Principal, request: Request) -> Res
     (`RateLimitException`, naming the bound) instead of reporting an ordinary "already"."""
     record = await _owned(gateway, principal, request)
     if record.state == "paused":
-        raise SandcellError(ErrorCode.CONFLICT, f"sandbox {record.id} is already paused")
+        raise ServiceError(ErrorCode.CONFLICT, f"sandbox {record.id} is already paused")
     try:
         await persistence.pause_sandbox(gateway.router, record)
-    except SandcellError as exc:
+    except ServiceError as exc:
         if exc.code is not ErrorCode.CONFLICT or "max_paused_per_key" not in exc.details:
             raise
-        raise SandcellError(ErrorCode.RATE_LIMITED, exc.message, exc.details) from None
+        raise ServiceError(ErrorCode.RATE_LIMITED, exc.message, exc.details) from None
     return Response(status_code=204)
 
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from sandcell.compat.e2b.control.common import _owned, _refused
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import SandcellError
+from sandcell.errors import ServiceError
 from sandcell.router.auth import Principal
 from sandcell.router.usage import metrics_of
 from sandcell.store import SandboxRecord
@@ -65,7 +65,7 @@ class Samples:
         ring = self.watch(record.id)
         if record.state != "running" or (ring and time.time() - ring[-1]["_at"] < 1):
             return
-        with contextlib.suppress(SandcellError):  # gone or paused meanwhile: no sample
+        with contextlib.suppress(ServiceError):  # gone or paused meanwhile: no sample
             m = await metrics_of(self.router, record)
             now = time.time()
             ring.append(

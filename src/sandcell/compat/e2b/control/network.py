@@ -12,7 +12,7 @@ from starlette.responses import Response
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.control.common import MAX_BODY, _owned, _refused
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.manager.templates import Template
 from sandcell.router.auth import Principal
 
@@ -75,7 +75,7 @@ def _within_max(template: Template, name: str, policy: dict[str, Any] | None, wh
         return
     modes = ("none", "allowlist", "open")
     if modes.index(policy["egress"]) > modes.index(template.network_max):
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.FORBIDDEN,
             f"{where}network asks for egress {policy['egress']!r} (E2B lets out what denyOut "
             f"does not name unless denyOut holds 0.0.0.0/0), wider than template {name!r} "
@@ -91,7 +91,7 @@ async def update_network(gateway: Gateway, principal: Principal, request: Reques
     record = await _owned(gateway, principal, request)
     body = await json_body(request, MAX_BODY)
     if not isinstance(body, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     template = gateway.router.manager.template(record.template)
     policy = _network({"network": body}, "")
     _within_max(template, record.template, policy, "")

@@ -27,7 +27,7 @@ from sandcell.compat.e2b.control.metrics import Samples
 from sandcell.compat.e2b.control.network import _network, _within_max
 from sandcell.compat.e2b.control.snapshots import SNAPSHOT
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model
 from sandcell.router import persistence, schemas
 from sandcell.router.auth import Principal
@@ -57,7 +57,7 @@ def _harmless(body: dict[str, Any]) -> None:
 async def create(gateway: Gateway, principal: Principal, request: Request) -> Response:
     body = await json_body(request, MAX_BODY)
     if not isinstance(body, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     _harmless(body)
     template = _template(body.get("templateID"))
     snapshot = None

@@ -15,7 +15,7 @@ from sandcell.compat.e2b.control.common import MAX_BODY, _created, _owned, _refu
 from sandcell.compat.e2b.control.listing import _page
 from sandcell.compat.e2b.control.metrics import Samples
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import STATUS, ErrorCode, SandcellError
+from sandcell.errors import STATUS, ErrorCode, ServiceError
 from sandcell.manager.manager import within_lifetime
 from sandcell.router import schemas
 from sandcell.router.auth import Principal
@@ -41,7 +41,7 @@ async def create_snapshot(gateway: Gateway, principal: Principal, request: Reque
     record = await _owned(gateway, principal, request)
     body = await json_body(request, MAX_BODY)
     if not isinstance(body, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     _files_only(body)
     name = body.get("name")
     if name is not None and (not isinstance(name, str) or len(name) > 128):
@@ -66,7 +66,7 @@ async def delete_snapshot(gateway: Gateway, principal: Principal, request: Reque
     name something here (a template is the operator's configuration)."""
     template_id = request.path_params["template_id"]
     if not SNAPSHOT.match(template_id):
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.NOT_FOUND, f"{template_id} is not a snapshot; templates are configured"
         )
     owner = None if principal.admin else principal.name
@@ -81,7 +81,7 @@ async def fork(gateway: Gateway, principal: Principal, request: Request) -> Resp
     parent = await _owned(gateway, principal, request)
     body = await json_body(request, MAX_BODY)
     if not isinstance(body, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
     timeout = _timeout(body)
     count = body.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
@@ -112,7 +112,7 @@ async def fork(gateway: Gateway, principal: Principal, request: Request) -> Resp
                 view = schemas.sandbox_view(child)
                 Samples.of(router).watch(child.id)
                 results.append({"sandbox": await _created(gateway, view, parent.template)})
-            except SandcellError as exc:
+            except ServiceError as exc:
                 results.append(
                     {"error": {"code": STATUS.get(exc.code, 500), "message": exc.message}}
                 )

@@ -26,7 +26,7 @@ from sandcell.compat.e2b import errors, files, interpreter
 from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import read_body
 from sandcell.http.openapi import Endpoint, Operation, Query
 from sandcell.router.core import GONE
@@ -77,25 +77,23 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     # its sandbox, under its MAC, so the call is routed by it (tokens.py).
     sandbox_id = request.headers.get("e2b-sandbox-id") or gateway.tokens.names(token)
     if not sandbox_id:
-        raise SandcellError(
+        raise ServiceError(
             ErrorCode.BAD_REQUEST,
             "missing sandbox id: the call has no E2b-Sandbox-Id header and no "
             "X-Access-Token that names a sandbox",
         )
     if not await gateway.tokens.check(sandbox_id, token):
-        raise SandcellError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
+        raise ServiceError(ErrorCode.UNAUTHENTICATED, "missing or wrong X-Access-Token")
     record = await gateway.router.store.get_sandbox(sandbox_id)
     if record is None or record.state in GONE:
-        raise SandcellError(
-            ErrorCode.SANDBOX_UNREACHABLE, f"The sandbox {sandbox_id} was not found"
-        )
+        raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, f"The sandbox {sandbox_id} was not found")
     # The sandbox's owner pays for the call, as for its own proxied requests; a paused
     # sandbox wakes on the call (or answers 409) as on /v1.
     gateway.router.door.admit(request.scope, record.owner)
     return record
 
 
-def _secured(name: str, handler: Handler, shape: Callable[[SandcellError], Response]) -> Endpoint:
+def _secured(name: str, handler: Handler, shape: Callable[[ServiceError], Response]) -> Endpoint:
     """`handler` for the sandbox the call's token opens, checked before it runs (so no envd
     operation can forget it), its errors in `shape`."""
 
@@ -103,7 +101,7 @@ def _secured(name: str, handler: Handler, shape: Callable[[SandcellError], Respo
         try:
             gateway = Gateway.of(request)
             return await handler(gateway, await authorised(gateway, request), request)
-        except SandcellError as exc:
+        except ServiceError as exc:
             return shape(exc)
 
     endpoint.__name__ = endpoint.__qualname__ = f"e2b_envd_{name}"
@@ -140,7 +138,7 @@ async def _stream_events(
 
 async def health(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
     if record.state != "running":  # E2B's `is_running()`: a paused sandbox is not
-        raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"sandbox {record.id} is paused")
+        raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, f"sandbox {record.id} is paused")
     return Response(status_code=204)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.errors import connect_error
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 
 END_STREAM = 0x02
 COMPRESSED = 0x01
@@ -36,12 +36,12 @@ def end_stream(error: dict[str, str] | None = None) -> bytes:
 def first_message(body: bytes) -> dict[str, Any]:
     """The one request message of a server stream, out of its envelope."""
     if len(body) < HEADER.size:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "a Connect envelope needs 5 bytes")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "a Connect envelope needs 5 bytes")
     flags, length = HEADER.unpack_from(body)
     if flags & COMPRESSED:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "compressed envelopes are not supported")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "compressed envelopes are not supported")
     if length > MAX_MESSAGE or HEADER.size + length > len(body):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "the envelope's length is wrong")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "the envelope's length is wrong")
     return json_object(body[HEADER.size : HEADER.size + length])
 
 
@@ -50,7 +50,7 @@ async def stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             yield envelope(event)
-    except SandcellError as exc:
+    except ServiceError as exc:
         yield end_stream(connect_error(exc))
         return
     yield end_stream()
@@ -64,7 +64,7 @@ def integer(value: Any, name: str, default: int = 0) -> int:
         return value
     if isinstance(value, str) and value.strip().lstrip("-").isdecimal() and value.isascii():
         return int(value)
-    raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be an integer")
+    raise ServiceError(ErrorCode.BAD_REQUEST, f"{name} must be an integer")
 
 
 def obj(message: dict[str, Any], name: str) -> dict[str, Any]:
@@ -73,5 +73,5 @@ def obj(message: dict[str, Any], name: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be an object")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"{name} must be an object")
     return value

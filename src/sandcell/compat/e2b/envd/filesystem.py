@@ -9,7 +9,7 @@ from typing import Any
 from sandcell.compat.e2b.envd.connect import integer
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_e2b, to_workspace
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.store import SandboxRecord
 
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
@@ -51,7 +51,7 @@ def entry_info(entry: dict[str, Any]) -> dict[str, Any]:
 def path_of(message: dict[str, Any], field: str = "path") -> str:
     value = message.get(field)
     if not isinstance(value, str) or not value:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"{field} is required")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"{field} is required")
     return to_workspace(value)
 
 
@@ -71,11 +71,11 @@ async def make_dir(
     path = path_of(message)
     try:
         await _stat(gateway, record, path)
-    except SandcellError as exc:
+    except ServiceError as exc:
         if exc.code is not ErrorCode.FILE_NOT_FOUND:
             raise
     else:  # envd's answer for a directory that is there already: make_dir() returns False
-        raise SandcellError(ErrorCode.CONFLICT, f"{message['path']} already exists")
+        raise ServiceError(ErrorCode.CONFLICT, f"{message['path']} already exists")
     body = json.dumps({"path": path, "parents": True}).encode()
     entry = await gateway.json(record, "POST", "files/mkdir", body=body)
     return {"entry": entry_info(entry)}
@@ -97,7 +97,7 @@ async def remove(
     query = {"path": path_of(message), "recursive": "true"}
     try:
         await gateway.daemon(record, "DELETE", "files", query=query)
-    except SandcellError as exc:  # E2B treats removing what is not there as done
+    except ServiceError as exc:  # E2B treats removing what is not there as done
         if exc.code is not ErrorCode.FILE_NOT_FOUND:
             raise
     return {}

@@ -11,7 +11,7 @@ from typing import Any
 from sandcell.compat.e2b.envd.connect import integer, obj
 from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import to_workspace
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.store import SandboxRecord
 
 Event = dict[str, Any]
@@ -33,7 +33,7 @@ def start_body(message: dict[str, Any]) -> dict[str, Any]:
     """sandcell's process request for an envd StartRequest."""
     config = obj(message, "process")
     if not isinstance(config.get("cmd"), str) or not config["cmd"]:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "process.cmd is required")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "process.cmd is required")
     argv = [config["cmd"], *_strings(config.get("args"), "process.args")]
     command, cwd = _placed(argv, config.get("cwd"))
     return {
@@ -54,7 +54,7 @@ def _placed(argv: list[str], cwd: Any) -> tuple[list[str], str]:
     shell before the command: the cell, not the cwd, is what confines a command."""
     try:
         return argv, to_workspace(cwd)
-    except SandcellError as exc:
+    except ServiceError as exc:
         if exc.code is not ErrorCode.FORBIDDEN:
             raise
     return ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', cwd, *argv], "."
@@ -64,7 +64,7 @@ def _strings(value: Any, name: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"{name} must be a list of strings")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"{name} must be a list of strings")
     return value
 
 
@@ -88,7 +88,7 @@ async def _events(gateway: Gateway, record: SandboxRecord, pid: int) -> AsyncIte
         elif kind == "exit":
             yield _end(line)
             return
-    raise SandcellError(ErrorCode.SANDBOX_UNREACHABLE, f"process {pid}'s output ended early")
+    raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, f"process {pid}'s output ended early")
 
 
 async def start(
@@ -110,7 +110,7 @@ async def resolve_pid(gateway: Gateway, record: SandboxRecord, selector: dict[st
     for process in listed["processes"]:
         if tag is not None and process.get("tag") == tag and process["state"] == "running":
             return int(process["pid"])
-    raise SandcellError(ErrorCode.NOT_FOUND, f"process with tag {tag!r} not found")
+    raise ServiceError(ErrorCode.NOT_FOUND, f"process with tag {tag!r} not found")
 
 
 async def connect(
@@ -149,11 +149,11 @@ async def send_input(
     given = obj(message, "input")
     data = given["stdin"] if given.get("stdin") is not None else given.get("pty") or ""
     if not isinstance(data, str):
-        raise SandcellError(ErrorCode.BAD_REQUEST, "input must be base64 text")
+        raise ServiceError(ErrorCode.BAD_REQUEST, "input must be base64 text")
     try:
         raw = base64.b64decode(data, validate=True)
     except ValueError as exc:
-        raise SandcellError(ErrorCode.BAD_REQUEST, "input is not base64") from exc
+        raise ServiceError(ErrorCode.BAD_REQUEST, "input is not base64") from exc
     await gateway.daemon(record, "POST", f"processes/{pid}/stdin", body=raw)
     return {}
 
@@ -165,7 +165,7 @@ async def send_signal(
     given = message.get("signal", "SIGNAL_SIGKILL")
     name = SIGNALS.get(given) if isinstance(given, (str, int)) else None
     if name is None:
-        raise SandcellError(ErrorCode.BAD_REQUEST, f"unknown signal {message.get('signal')!r}")
+        raise ServiceError(ErrorCode.BAD_REQUEST, f"unknown signal {message.get('signal')!r}")
     body = json.dumps({"signal": name}).encode()
     await gateway.daemon(record, "POST", f"processes/{pid}/signal", body=body)
     return {}

@@ -17,7 +17,7 @@ from typing import Any
 
 from sandcell.compat.e2b.envd.filesystem import entry_info, path_of
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.errors import ErrorCode, SandcellError
+from sandcell.errors import ErrorCode, ServiceError
 from sandcell.store import SandboxRecord
 
 POLL_S = 0.2
@@ -87,7 +87,7 @@ class Watchers:
         watcher_id = message.get("watcherId")
         watcher = self._by_id.get(watcher_id) if isinstance(watcher_id, str) else None
         if watcher is None or watcher.sandbox_id != record.id:
-            raise SandcellError(ErrorCode.NOT_FOUND, f"watcher {watcher_id!r} not found")
+            raise ServiceError(ErrorCode.NOT_FOUND, f"watcher {watcher_id!r} not found")
         return watcher_id, watcher
 
     async def create(
@@ -95,7 +95,7 @@ class Watchers:
     ) -> dict[str, Any]:
         mine = sum(1 for w in self._by_id.values() if w.sandbox_id == record.id)
         if len(self._by_id) >= MAX_WATCHERS or mine >= MAX_PER_SANDBOX:
-            raise SandcellError(ErrorCode.RATE_LIMITED, "too many directory watchers")
+            raise ServiceError(ErrorCode.RATE_LIMITED, "too many directory watchers")
         watcher_id = f"w-{secrets.token_hex(8)}"
         self._by_id[watcher_id] = await _start(gateway, record, message)
         return {"watcherId": watcher_id}
