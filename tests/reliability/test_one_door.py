@@ -9,9 +9,12 @@ is refused in the spec's error shape and that everyone else is still served.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -48,10 +51,59 @@ WS_PORT = 8765
 LISTENING = f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {WS_PORT}))'"
 
 
+# A template whose sandboxes may reach a host port on loopback through the egress proxies.
+EGRESS_TEMPLATE = """
+[templates.egress]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+network_max = "allowlist"
+network_internal = true
+"""
+# Opens CONNECT tunnels through the cell's HTTP proxy to 127.0.0.1:PORT until refused or N,
+# prints how many it holds, then holds them until its stdin closes.
+TUNNELS = """
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", 3128), 5)
+    s.sendall(b"CONNECT 127.0.0.1:%d HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n" % port)
+    if not s.recv(64).startswith(b"HTTP/1.1 200"):
+        break
+    held.append(s)
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with servers(tmp_path_factory.mktemp("one-door")) as fleet:
-        yield fleet.start("data", config_text=config(**LIMITS))
+        yield fleet.start("data", config_text=config(**LIMITS) + EGRESS_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def host_port() -> Iterator[int]:
+    """A host TCP server on loopback that accepts and holds connections (an upstream)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in accepted:
+        conn.close()
+    listener.close()
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +334,17 @@ def test_a_refused_websocket_answers_in_the_error_shape(
         assert c.get("/v1/sandboxes").status_code == 200
 
 
+def _first_line(client: httpx.Client, sandbox: str, pid: int) -> str | None:
+    """The first line a background process printed, once it has printed one."""
+    r = client.get(f"/v1/sandboxes/{sandbox}/processes/{pid}/output", params={"follow": "false"})
+    text = b"".join(
+        base64.b64decode(json.loads(line)["data_b64"])
+        for line in r.text.splitlines()
+        if line and json.loads(line)["type"] == "stdout"
+    ).decode()
+    return text.split("\n", 1)[0] if "\n" in text else None
+
+
 def _exec_ms(client: httpx.Client, sandbox: str, n: int) -> float:
     """The median of `n` execs of `true`, in ms."""
     times = []
@@ -294,16 +357,35 @@ def _exec_ms(client: httpx.Client, sandbox: str, n: int) -> float:
 
 
 def test_the_door_holds_with_every_entry_point_at_once(
-    server: RunningServer, keys: dict[str, str], sbx: str, preview: str, figures: dict
+    server: RunningServer,
+    keys: dict[str, str],
+    sbx: str,
+    preview: str,
+    host_port: int,
+    figures: dict,
 ) -> None:
     """From one key (alice) and from no key at once: stalled bodies to /v1, to a preview URL,
-    to E2B's envd and to agentcube's PicoD (by session id, no key), and WebSockets held on
-    port relays and preview URLs past their bounds. Another key's exec keeps answering
-    within three times its usual latency, and /healthz answers."""
+    to E2B's envd and to agentcube's PicoD (by session id, no key), WebSockets held on port
+    relays and preview URLs past their bounds, and egress tunnels from the cell up to the
+    key's bound. Another key's exec keeps answering within three times its usual latency,
+    and /healthz answers."""
     alice = {"authorization": f"Bearer {keys['alice']}"}
     with server.client(keys["bob"]) as bob, server.client(keys["alice"]) as c:
         theirs = bob.post("/v1/sandboxes", json={}).json()["id"]
         usual = _exec_ms(bob, theirs, 30)
+        network = {"egress": "allowlist", "allow": [f"127.0.0.1:{host_port}"]}
+        tunneler = c.post("/v1/sandboxes", json={"template": "egress", "network": network})
+        assert tunneler.status_code == 201, tunneler.text
+        tunneler_id = tunneler.json()["id"]
+        put = f"/v1/sandboxes/{tunneler_id}/files?path=tunnels.py"
+        assert c.put(put, content=TUNNELS.encode()).status_code == 200
+        holder = c.post(
+            f"/v1/sandboxes/{tunneler_id}/processes",
+            json={"command": ["python3", "tunnels.py", str(host_port), "200"], "stdin": True},
+        ).json()["pid"]
+        tunnels = int(
+            wait_for(lambda: _first_line(c, tunneler_id, holder), 30, "the cell's tunnels to open")
+        )
         e2b = c.post(
             "/e2b/sandboxes", json={"templateID": "base"}, headers={"x-api-key": keys["alice"]}
         ).json()
@@ -341,6 +423,7 @@ def test_the_door_holds_with_every_entry_point_at_once(
             during = _exec_ms(bob, theirs, 30)
             refused = sum(_answer_now(s, 0.01).startswith(b"HTTP/1.1 4") for s in held)
         figures["one door: every entry point at once"] = {
+            "egress_tunnels_held": tunnels,
             "stalled_requests": len(held),
             "stalled_refused_at_once": refused,
             "websocket_sessions_held": sessions,
@@ -351,7 +434,14 @@ def test_the_door_holds_with_every_entry_point_at_once(
         # Three times the usual latency, and never less than 10 ms more: on 2 cores one
         # scheduling delay is a few ms whatever the door does.
         assert during <= max(3 * usual, usual + 10), (usual, during)
-        assert c.get("/v1/sandboxes", headers=alice).status_code == 200  # all given back
+        assert 0 < tunnels < 200  # a tunnel bound stopped the cell (its sandbox's or its key's)
+        # Everything is given back once the router has seen the stalled clients go.
+        wait_for(
+            lambda: c.get("/v1/sandboxes", headers=alice).status_code == 200,
+            10,
+            "alice's slots to come back",
+        )
+        c.delete(f"/v1/sandboxes/{tunneler_id}")
         bob.delete(f"/v1/sandboxes/{theirs}")
         c.delete(f"/e2b/sandboxes/{e2b['sandboxID']}", headers={"x-api-key": keys["alice"]})
         c.delete(f"/agentcube/v1/code-interpreter/sessions/{session['sessionId']}")
