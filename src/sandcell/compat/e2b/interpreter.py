@@ -18,6 +18,7 @@ from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import CELL_WORKSPACE, to_e2b, to_workspace
 from sandcell.errors import ServiceError
 from sandcell.http.hop import check_path
+from sandcell.router.core import Answer
 from sandcell.store import SandboxRecord
 
 MAX_BODY = 8 * 1_048_576
@@ -54,7 +55,7 @@ def _translate(line: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-async def _execute_lines(response: Response) -> AsyncIterator[bytes]:
+async def _execute_lines(response: Answer) -> AsyncIterator[bytes]:
     """The run's lines in E2B's names; a run cut short ends with an error line (the status
     went out with the first line)."""
     try:

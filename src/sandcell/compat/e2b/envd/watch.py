@@ -49,7 +49,7 @@ def _events(root: str, old: Snapshot, new: Snapshot, include_entry: bool) -> lis
             kind = "EVENT_TYPE_WRITE"
         else:
             continue
-        event = {"name": _name(root, path), "type": kind}
+        event: dict[str, Any] = {"name": _name(root, path), "type": kind}
         if include_entry:
             event["entry"] = entry_info(entry)
         events.append(event)
@@ -86,7 +86,7 @@ class Watchers:
     def _get(self, record: SandboxRecord, message: dict[str, Any]) -> tuple[str, Watcher]:
         watcher_id = message.get("watcherId")
         watcher = self._by_id.get(watcher_id) if isinstance(watcher_id, str) else None
-        if watcher is None or watcher.sandbox_id != record.id:
+        if watcher is None or watcher.sandbox_id != record.id or not isinstance(watcher_id, str):
             raise ServiceError(ErrorCode.NOT_FOUND, f"watcher {watcher_id!r} not found")
         return watcher_id, watcher
 
