@@ -12,7 +12,7 @@ from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.openapi import Operation
 from sandcell.router import schemas
-from sandcell.store import SandboxRecord
+from sandcell.store import Reservation, SandboxRecord, SnapshotRecord
 
 if TYPE_CHECKING:
     from sandcell.router.core import Router
@@ -106,22 +106,36 @@ async def fork(request: Request) -> Response:
         await r.store.release_reservation(reservation)
         raise
     try:
-        child = await r.manager.create_sandbox(
-            parent.owner,
-            parent.template,
-            idle_timeout_s=parent.idle_timeout_s,
-            env=parent.env,
-            metadata=parent.metadata,
-            network=parent.network or None,
-            reservation=reservation,
-            auto_resume=parent.auto_resume,
-            on_timeout=parent.on_timeout,
-            snapshot=snapshot,
-            resources=parent.resources,
-        )
+        child = await child_of(r, parent, snapshot, reservation)
     finally:
         await r.manager.snapshots.delete(snapshot)
     return JSONResponse(schemas.sandbox_view(child), status_code=201)
+
+
+async def child_of(
+    r: Router,
+    parent: SandboxRecord,
+    snapshot: SnapshotRecord,
+    reservation: Reservation,
+    timeout_s: int | None = None,
+) -> SandboxRecord:
+    """A sandbox on `snapshot` of `parent`, with the parent's settings (every fork, on /v1
+    and through the façade, makes its children here); `timeout_s` replaces the parent's
+    idle timeout and bounds the child's lifetime."""
+    return await r.manager.create_sandbox(
+        parent.owner,
+        parent.template,
+        idle_timeout_s=timeout_s or parent.idle_timeout_s,
+        max_lifetime_s=timeout_s,
+        env=parent.env,
+        metadata=parent.metadata,
+        network=parent.network or None,
+        reservation=reservation,
+        auto_resume=parent.auto_resume,
+        on_timeout=parent.on_timeout,
+        snapshot=snapshot,
+        resources=parent.resources,
+    )
 
 
 OPERATIONS = (

@@ -17,7 +17,7 @@ from sandcell.compat.e2b.control.metrics import Samples
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import STATUS, ErrorCode, ServiceError
 from sandcell.manager.manager import within_lifetime
-from sandcell.router import schemas
+from sandcell.router import persistence, schemas
 from sandcell.router.auth import Principal
 from sandcell.store import SnapshotRecord
 
@@ -95,20 +95,7 @@ async def fork(gateway: Gateway, principal: Principal, request: Request) -> Resp
         for _ in range(count):
             try:
                 reservation = await router.reserve(parent.owner)
-                child = await router.manager.create_sandbox(
-                    parent.owner,
-                    parent.template,
-                    idle_timeout_s=timeout or parent.idle_timeout_s,
-                    max_lifetime_s=timeout,
-                    env=parent.env,
-                    metadata=parent.metadata,
-                    network=parent.network or None,
-                    reservation=reservation,
-                    auto_resume=parent.auto_resume,
-                    on_timeout=parent.on_timeout,
-                    snapshot=snapshot,
-                    resources=parent.resources,
-                )
+                child = await persistence.child_of(router, parent, snapshot, reservation, timeout)
                 view = schemas.sandbox_view(child)
                 Samples.of(router).watch(child.id)
                 results.append({"sandbox": await _created(gateway, view, parent.template)})
