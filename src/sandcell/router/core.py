@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -352,8 +352,9 @@ class Router:
         self.hop = hop or Hop(store)
         self.door = Door(self.limits)
         self.metrics = RouterMetrics()
-        # Called with each deleted sandbox's id: what façades minted for it goes too.
-        self.on_delete: list[Callable[[str], Any]] = []
+        # Awaited with each deleted sandbox's id: what a façade keeps of it goes too (E2B's
+        # metrics samples).
+        self.on_delete: list[Callable[[str], Awaitable[None]]] = []
 
     # -- callers ---------------------------------------------------------------------------
 
