@@ -41,7 +41,7 @@ class RunningServer:
     config: Path
     log: Path
 
-    def create_key(self, name: str, admin: bool = False) -> str:
+    def create_key(self, name: str, admin: bool = False, e2b: bool = False) -> str:
         args = [
             sandcell_bin(),
             "keys",
@@ -52,6 +52,7 @@ class RunningServer:
             "--config",
             str(self.config),
             *(["--admin"] if admin else []),
+            *(["--e2b"] if e2b else []),
         ]
         return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
 

@@ -158,6 +158,10 @@ def serve(
 def keys_create(
     name: str,
     admin: Annotated[bool, typer.Option("--admin", help="sees and manages all sandboxes")] = False,
+    e2b: Annotated[
+        bool,
+        typer.Option("--e2b", help="shaped as an E2B key (e2b_ and 40 hex digits), for e2b SDKs"),
+    ] = False,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -167,7 +171,7 @@ def keys_create(
     from sandcell.serve import opened_store
     from sandcell.store import ApiKeyExistsError, ApiKeyRecord, hash_api_key, new_api_key
 
-    key = new_api_key()
+    key = new_api_key(e2b=e2b)
 
     async def create() -> None:
         async with opened_store(_settings(config, data_dir)) as store:

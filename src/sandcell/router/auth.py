@@ -2,8 +2,9 @@
 
 The brake slows failures only: a valid key is served whatever its address did before, so
 clients behind one NAT or proxy cannot lock each other out with a typo or a stale key. That
-leaves a guesser its answer at full speed, which is fine: a key holds 256 random bits, so
-what the brake protects is the store and the log from a flood of failures, not the keys.
+leaves a guesser its answer at full speed, which is fine: a key holds 256 random bits (160 in
+E2B's shape), so what the brake protects is the store and the log from a flood of failures,
+not the keys.
 """
 
 from __future__ import annotations

@@ -125,5 +125,18 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def new_api_key() -> str:
-    return "sc_" + secrets.token_urlsafe(32)
+SANDCELL_KEY_PREFIX = "sc_"
+E2B_KEY_PREFIX = "e2b_"
+E2B_KEY_HEX_DIGITS = 40  # E2B's own key length: 160 random bits
+
+
+def new_api_key(*, e2b: bool = False) -> str:
+    """A fresh key: `sc_` and 256 random bits, or with `e2b` one shaped as E2B's own
+    (`e2b_` and 40 hex digits), which every e2b SDK's format check lets through as it is."""
+    if not e2b:
+        return SANDCELL_KEY_PREFIX + secrets.token_urlsafe(32)
+    while True:
+        key = E2B_KEY_PREFIX + secrets.token_hex(E2B_KEY_HEX_DIGITS // 2)
+        # Never one that reads as a hex-encoded `sc_` key, the other `e2b_` form the façade takes.
+        if not key.startswith(E2B_KEY_PREFIX + SANDCELL_KEY_PREFIX.encode().hex()):
+            return key

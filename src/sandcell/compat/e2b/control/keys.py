@@ -1,5 +1,6 @@
-"""The `X-API-KEY` of E2B's control API: the sandcell key in it (as given, or hex-encoded
-behind `e2b_`), checked before any handler runs, and every error in E2B's REST shape.
+"""The `X-API-KEY` of E2B's control API: the sandcell key in it (as given, which covers the
+native `e2b_<hex>` keys of `sandcell keys create --e2b`, or an `sc_` key hex-encoded behind
+`e2b_`), checked before any handler runs, and every error in E2B's REST shape.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from sandcell.compat.e2b.control.common import Handler
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ServiceError
 from sandcell.http.openapi import Endpoint
+from sandcell.store.crypto import E2B_KEY_PREFIX, SANDCELL_KEY_PREFIX
 
-HEX_KEY = re.compile(r"\Ae2b_(?:[0-9a-f]{2})+\Z")
+# `e2b_` and an `sc_` key in hex: the form that passes older SDKs' `e2b_<hex>` check.
+HEX_ENCODED_KEY = re.compile(r"\Ae2b_" + SANDCELL_KEY_PREFIX.encode().hex() + r"(?:[0-9a-f]{2})+\Z")
 
 SECURITY = ("e2bApiKey",)
 
@@ -24,16 +27,17 @@ SCHEME = {
     "type": "apiKey",
     "in": "header",
     "name": "X-API-KEY",
-    "description": "a sandcell API key, as given or hex-encoded behind `e2b_`",
+    "description": "a sandcell API key: as given (`sc_…`, or `e2b_…` from `keys create --e2b`), "
+    "or an `sc_` key hex-encoded behind `e2b_`",
 }
 
 
 def sandcell_key(api_key: str) -> str:
-    """The sandcell key in an `X-API-KEY`: as given, or hex-encoded behind `e2b_`, the only
-    form some e2b versions (2.2x-2.3x) let through their own format check."""
-    if HEX_KEY.match(api_key):
+    """The sandcell key in an `X-API-KEY`: as given, or the `sc_` key hex-encoded behind
+    `e2b_`. Native `e2b_` keys never start with the hex of `sc_` (see `new_api_key`)."""
+    if HEX_ENCODED_KEY.match(api_key):
         with contextlib.suppress(ValueError):
-            return bytes.fromhex(api_key[len("e2b_") :]).decode("ascii")
+            return bytes.fromhex(api_key[len(E2B_KEY_PREFIX) :]).decode("ascii")
     return api_key
 
 
