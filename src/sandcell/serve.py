@@ -29,6 +29,7 @@ from sandcell.network.egress import (
     policy_from_store,
 )
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
+from sandcell.router.cors import cross_origin
 from sandcell.router.network import PreviewHosts
 from sandcell.settings import MIB, Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
@@ -194,6 +195,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
         app: ASGIApp = (
             PreviewHosts(api, settings.preview_domain) if settings.preview_domain else api
         )
+        app = cross_origin(app, settings.cors_origins)
         config = uvicorn.Config(
             app,
             host=settings.host,

@@ -13,6 +13,7 @@ from sandcell.manager.k8s.config import KubernetesConfig, parse_kubernetes
 from sandcell.manager.templates import ConfigError, Template, load_config, parse_templates
 
 DEFAULT_HOST = "127.0.0.1"
+_ORIGIN = re.compile(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?")
 _DOMAIN = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))+")
 DEFAULT_PORT = 8700
 BACKENDS = ("local", "kubernetes")
@@ -42,6 +43,7 @@ SERVER_KEYS = {
     "max_paused_per_key",
     "egress_max_connections",
     "egress_max_connections_per_key",
+    "cors_origins",
 }
 MIB = 1_048_576
 
@@ -81,6 +83,7 @@ class Settings:
     # RLIMIT_NOFILE (`EgressLimits`); a larger value is still held below that ceiling.
     egress_max_connections: int = 0
     egress_max_connections_per_key: int = 0
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (E2B's JS SDK in a page)
 
     @property
     def cells_dir(self) -> Path:
@@ -124,6 +127,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         egress_max_connections_per_key=_int(
             server, "egress_max_connections_per_key", 0, 0, 1_000_000
         ),
+        cors_origins=_origins(server),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
@@ -132,6 +136,26 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     if settings.backend not in BACKENDS:
         raise ConfigError(f"[server] backend must be one of {list(BACKENDS)}")
     return settings
+
+
+def _origins(server: dict[str, Any]) -> tuple[str, ...]:
+    origins = server.get("cors_origins", [])
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise ConfigError(
+            '[server] cors_origins must be a list of origins, e.g. ["https://app.example.com"]'
+        )
+    for origin in origins:
+        if origin == "*":
+            raise ConfigError(
+                "[server] cors_origins: '*' is refused; "
+                "name each origin whose pages may call sandcell"
+            )
+        if not _ORIGIN.fullmatch(origin):
+            raise ConfigError(
+                f"[server] cors_origins: {origin!r} is not an origin "
+                "(scheme://host[:port], lower case, no path)"
+            )
+    return tuple(origins)
 
 
 def _int(table: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
