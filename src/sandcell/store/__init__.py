@@ -1,6 +1,7 @@
-"""Persistent state of sandcell: sandboxes, session keys, API keys, manager secrets (SPEC §7)."""
+"""Persistent state of sandcell: sandboxes, session keys, API keys, manager secrets (SPEC §7),
+principals' secrets (§17)."""
 
-from .base import ApiKeyExistsError, ByteReservation, Reservation, Store
+from .base import ApiKeyExistsError, ByteReservation, Reservation, SecretPut, Store
 from .crypto import (
     Sealer,
     StoreCryptoError,
@@ -9,7 +10,14 @@ from .crypto import (
     new_api_key,
 )
 from .factory import open_store
-from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State
+from .records import (
+    STATES,
+    ApiKeyRecord,
+    SandboxRecord,
+    SnapshotRecord,
+    State,
+    UserSecretRecord,
+)
 
 __all__ = [
     "STATES",
@@ -19,10 +27,12 @@ __all__ = [
     "Reservation",
     "SandboxRecord",
     "Sealer",
+    "SecretPut",
     "SnapshotRecord",
     "State",
     "Store",
     "StoreCryptoError",
+    "UserSecretRecord",
     "hash_api_key",
     "load_store_key",
     "new_api_key",

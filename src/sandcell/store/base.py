@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .crypto import Sealer
-from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State
+from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State, UserSecretRecord
 
 FieldValue = str | int | float | bytes
 SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed session private key
@@ -25,6 +25,10 @@ SNAPSHOT_LEASE_S = 3600.0
 # What `start_pause` did: moved the sandbox to "pausing"; lost it to another caller (it is no
 # longer "running"); or refused, the owner keeping its limit of paused workspaces already.
 PauseStart = Literal["moved", "lost", "full"]
+# What `put_user_secret` did: stored it; found the name taken; or refused, the owner keeping
+# its limit of secrets already.
+SecretPut = Literal["created", "exists", "full"]
+USER_SECRET_VALUE_FIELD = "value"  # noqa: S105 - the column holding a sealed user secret
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,11 @@ def _session_aad(sandbox_id: str) -> bytes:
 
 def _secret_aad(name: str) -> bytes:
     return b"sandcell/secret/" + name.encode()
+
+
+def _user_secret_aad(owner: str, name: str) -> bytes:
+    # JSON keeps the two parts apart whatever they hold: ("a/b", "c") is not ("a", "b/c").
+    return b"sandcell/user-secret/" + json.dumps([owner, name]).encode()
 
 
 class Store(ABC):
@@ -276,6 +285,48 @@ class Store(ABC):
     @abstractmethod
     async def _put_secret_blob_if_absent(self, name: str, blob: bytes) -> bytes:
         """Store `blob` unless one exists; return the stored blob (ours or the earlier one)."""
+
+    # -- principals' secrets (SPEC §17: sealed, bound to owner and name) ----------------------
+
+    async def put_user_secret(self, rec: UserSecretRecord, value: bytes, limit: int) -> SecretPut:
+        """Add a secret unless its owner has one by that name or `limit` of them already;
+        counting and adding are one atomic step."""
+        blob = self._sealer.seal(value, _user_secret_aad(rec.owner, rec.name))
+        return await self._put_user_secret_blob(rec, blob, limit)
+
+    async def update_user_secret(self, rec: UserSecretRecord, value: bytes | None) -> bool:
+        """Replace an existing secret's fields, and its value when given (a rotation); never
+        creates one. False if it is gone."""
+        blob = None
+        if value is not None:
+            blob = self._sealer.seal(value, _user_secret_aad(rec.owner, rec.name))
+        return await self._update_user_secret(rec, blob)
+
+    async def user_secret_value(self, owner: str, name: str) -> bytes | None:
+        """The current value, opened here only: a blob moved to another owner or name fails."""
+        blob = await self._get_user_secret_blob(owner, name)
+        return None if blob is None else self._sealer.open(blob, _user_secret_aad(owner, name))
+
+    @abstractmethod
+    async def _put_user_secret_blob(
+        self, rec: UserSecretRecord, blob: bytes, limit: int
+    ) -> SecretPut: ...
+
+    @abstractmethod
+    async def _update_user_secret(self, rec: UserSecretRecord, blob: bytes | None) -> bool: ...
+
+    @abstractmethod
+    async def _get_user_secret_blob(self, owner: str, name: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def get_user_secret(self, owner: str, name: str) -> UserSecretRecord | None: ...
+
+    @abstractmethod
+    async def list_user_secrets(self, owner: str) -> list[UserSecretRecord]:
+        """One owner's secrets, sorted by name."""
+
+    @abstractmethod
+    async def delete_user_secret(self, owner: str, name: str) -> bool: ...
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -71,12 +71,20 @@ def _json_dict(value: Any) -> dict[str, Any]:
     return json.loads(value) if isinstance(value, str | bytes) else dict(value)
 
 
+def _json_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    return tuple(json.loads(value) if isinstance(value, str | bytes) else value)
+
+
 def _field_decoders(cls: type) -> dict[str, Callable[[Any], Any]]:
     """Per-field converters that accept both native values and the bytes Redis hands back."""
     decoders: dict[str, Callable[[Any], Any]] = {}
     for name, hint in get_type_hints(cls).items():
         if get_origin(hint) is dict:
             decoders[name] = _json_dict
+        elif get_origin(hint) is tuple:
+            decoders[name] = _json_tuple
         elif hint is bool:
             decoders[name] = lambda v: bool(int(v)) if isinstance(v, str | bytes) else bool(v)
         elif hint in (int, float):
@@ -92,7 +100,8 @@ _decoders: Callable[[type], dict[str, Callable[[Any], Any]]] = cache(_field_deco
 
 
 class _Record:
-    """Serialisation shared by every record type (dataclass fields only, no nesting)."""
+    """Serialisation shared by every record type (dataclass fields only: scalars,
+    and dicts and tuples of scalars, kept as JSON text)."""
 
     __slots__ = ()
     if TYPE_CHECKING:  # every subclass is a dataclass (not at run time: type hints are fields)
@@ -117,6 +126,8 @@ class _Record:
         for name, value in self.to_dict().items():
             if isinstance(value, dict):
                 flat[name] = json.dumps(value, separators=(",", ":"), sort_keys=True)
+            elif isinstance(value, tuple):
+                flat[name] = json.dumps(list(value), separators=(",", ":"))
             elif isinstance(value, bool):
                 flat[name] = int(value)
             else:
@@ -149,6 +160,9 @@ class SandboxRecord(_Record):
     paused_at: float = 0.0
     workspace: str = ""  # the backend's place for the workspace while no cell holds it
     resources: dict[str, Any] = field(default_factory=dict)  # cpus, memory_mb, disk_mb
+    # The principal's secrets this sandbox was given (SPEC §17): name -> its placeholder here.
+    # Placeholders are not secret; the values stay in the owner's sealed secret records.
+    secrets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -189,3 +203,16 @@ class ApiKeyRecord(_Record):
     admin: bool
     created_at: float
     revoked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UserSecretRecord(_Record):
+    """A principal's secret (SPEC §17), all but its value: that is sealed apart, bound to the
+    owner and the name, and read only by `Store.user_secret_value`."""
+
+    owner: str
+    name: str
+    hosts: tuple[str, ...]  # canonical host names, optionally with `:port`
+    places: tuple[str, ...]  # where the proxy may substitute it: "headers", "query", "body"
+    created_at: float
+    updated_at: float

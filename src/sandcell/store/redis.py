@@ -13,7 +13,9 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:{idx}:snaps           zset    snapshot id -> created_at
     sandcell:apikey:{<key hash>}   hash    ApiKeyRecord.to_flat()
     sandcell:{apikeys}:names       hash    name -> key hash
-    sandcell:secret:{<name>}       string  sealed value
+    sandcell:secret:{<name>}       string  sealed value (the manager's own secrets)
+    sandcell:usecret:{<owner>}:<name>  hash  UserSecretRecord.to_flat() + `value` (sealed)
+    sandcell:usecrets:{<owner>}    set     the owner's secret names (same slot: one script)
 
 Each sandbox is one hash in a slot of its own, holding its session key too, so one DEL removes
 record and key together. The indexes live elsewhere and are updated by non-transactional
@@ -57,11 +59,13 @@ from redis.typing import EncodableT, ZSetRangeResponse, ZSetScoredMembers
 from .base import (
     RESERVATION_LEASE_S,
     SESSION_KEY_FIELD,
+    USER_SECRET_VALUE_FIELD,
     ApiKeyExistsError,
     ByteReservation,
     FieldValue,
     PauseStart,
     Reservation,
+    SecretPut,
     Store,
 )
 from .crypto import Sealer
@@ -71,6 +75,7 @@ from .records import (
     Flat,
     SandboxRecord,
     SnapshotRecord,
+    UserSecretRecord,
     deadline_of,
 )
 
@@ -84,6 +89,7 @@ SNAPSHOT_INDEX = "sandcell:{idx}:snaps"
 _SBX_FIELDS = SandboxRecord.fields()
 _KEY_FIELDS = ApiKeyRecord.fields()
 _SNAP_FIELDS = SnapshotRecord.fields()
+_USECRET_FIELDS = UserSecretRecord.fields()
 _DEADLINE_FIELDS = ("expires_at", "last_activity_at", "idle_timeout_s")
 
 # Every script touches a single key, so they are safe on a cluster.
@@ -160,6 +166,18 @@ for i = 2, #entries, 2 do
 end
 return held
 """
+# KEYS: the secret's hash, its owner's name set (one slot). ARGV: limit, name, field/value pairs.
+_ADD_SEALED = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
+if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[1]) then return 'full' end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('SADD', KEYS[2], ARGV[2])
+return 'created'
+"""
+_DROP_SEALED = """
+redis.call('SREM', KEYS[2], ARGV[1])
+return redis.call('DEL', KEYS[1])
+"""
 _TAKE_BYTES = """
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
@@ -205,6 +223,14 @@ def _api_key_key(key_hash: str) -> str:
 
 def _secret_key(name: str) -> str:
     return f"sandcell:secret:{{{name}}}"
+
+
+def _user_secret_key(owner: str, name: str) -> str:
+    return f"sandcell:usecret:{{{owner}}}:{name}"
+
+
+def _user_secrets_key(owner: str) -> str:
+    return f"sandcell:usecrets:{{{owner}}}"
 
 
 # The client is made without decode_responses (factory.py), so every reply is bytes; redis-py
@@ -537,6 +563,42 @@ class RedisStore(Store):
             _, stored = await p.execute()
         return stored
 
+    # -- principals' secrets ------------------------------------------------------------------
+
+    async def _put_user_secret_blob(
+        self, rec: UserSecretRecord, blob: bytes, limit: int
+    ) -> SecretPut:
+        fields = {**rec.to_flat(), USER_SECRET_VALUE_FIELD: blob}
+        pairs = itertools.chain.from_iterable(fields.items())
+        keys = (_user_secret_key(rec.owner, rec.name), _user_secrets_key(rec.owner))
+        done = await self._r.eval(_ADD_SEALED, 2, *keys, limit, rec.name, *pairs)
+        return cast(SecretPut, _text(done))
+
+    async def _update_user_secret(self, rec: UserSecretRecord, blob: bytes | None) -> bool:
+        fields: dict[str, FieldValue] = {
+            k: v for k, v in rec.to_flat().items() if k not in ("owner", "name", "created_at")
+        }
+        if blob is not None:
+            fields[USER_SECRET_VALUE_FIELD] = blob
+        return bool(await _hset_if_exists(self._r, _user_secret_key(rec.owner, rec.name), fields))
+
+    async def _get_user_secret_blob(self, owner: str, name: str) -> bytes | None:
+        return _blob(await self._r.hget(_user_secret_key(owner, name), USER_SECRET_VALUE_FIELD))
+
+    async def get_user_secret(self, owner: str, name: str) -> UserSecretRecord | None:
+        values = await self._r.hmget(_user_secret_key(owner, name), _USECRET_FIELDS)
+        return _from_hmget(UserSecretRecord, values)
+
+    async def list_user_secrets(self, owner: str) -> list[UserSecretRecord]:
+        names = sorted(_text(n) for n in await self._r.smembers(_user_secrets_key(owner)))
+        keys = [_user_secret_key(owner, name) for name in names]
+        rows = await self._hmget_many(keys, _USECRET_FIELDS)
+        return [r for r in (_from_hmget(UserSecretRecord, row) for row in rows) if r is not None]
+
+    async def delete_user_secret(self, owner: str, name: str) -> bool:
+        keys = (_user_secret_key(owner, name), _user_secrets_key(owner))
+        return bool(await self._r.eval(_DROP_SEALED, 2, *keys, name))
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def ping(self) -> None:
@@ -546,7 +608,7 @@ class RedisStore(Store):
         await self._r.aclose()
 
 
-_R = TypeVar("_R", SandboxRecord, ApiKeyRecord, SnapshotRecord)
+_R = TypeVar("_R", SandboxRecord, ApiKeyRecord, SnapshotRecord, UserSecretRecord)
 
 
 def _from_hmget(cls: type[_R], values: list[Any]) -> _R | None:

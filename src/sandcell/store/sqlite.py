@@ -20,19 +20,28 @@ from typing import Any
 
 from .base import (
     SESSION_KEY_FIELD,
+    USER_SECRET_VALUE_FIELD,
     ApiKeyExistsError,
     ByteReservation,
     FieldValue,
     PauseStart,
     Reservation,
+    SecretPut,
     Store,
 )
 from .crypto import Sealer
-from .records import PARKED_STATES, PAUSED_STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord
+from .records import (
+    PARKED_STATES,
+    PAUSED_STATES,
+    ApiKeyRecord,
+    SandboxRecord,
+    SnapshotRecord,
+    UserSecretRecord,
+)
 
 # Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns,
-# 4 `snapshot_reservations`.
-SCHEMA_VERSION = 4
+# 4 `snapshot_reservations`, 5 `user_secrets` and the sandboxes' `secrets`.
+SCHEMA_VERSION = 5
 # Older files gain the new columns here; new tables come from _SCHEMA (IF NOT EXISTS).
 _ADDED_COLUMNS = {
     "network": "TEXT NOT NULL DEFAULT '{}'",
@@ -42,6 +51,7 @@ _ADDED_COLUMNS = {
     "paused_at": "REAL NOT NULL DEFAULT 0",
     "workspace": "TEXT NOT NULL DEFAULT ''",
     "resources": "TEXT NOT NULL DEFAULT '{}'",
+    "secrets": "TEXT NOT NULL DEFAULT '{}'",
 }
 BUSY_TIMEOUT_MS = 5000
 
@@ -67,6 +77,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     paused_at        REAL NOT NULL DEFAULT 0,
     workspace        TEXT NOT NULL DEFAULT '',
     resources        TEXT NOT NULL DEFAULT '{}',  -- JSON
+    secrets          TEXT NOT NULL DEFAULT '{}',  -- JSON name -> placeholder, since version 5
     session_key      BLOB,           -- sealed; in the row, so deleting the row deletes the key
     -- SandboxRecord.deadline, maintained by SQLite so that touch is a plain UPDATE
     deadline         REAL GENERATED ALWAYS AS
@@ -106,9 +117,19 @@ CREATE TABLE IF NOT EXISTS snapshot_reservations (  -- quota bytes held by copie
     until REAL NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS snapshot_reservations_by_owner ON snapshot_reservations (owner);
-CREATE TABLE IF NOT EXISTS secrets (
+CREATE TABLE IF NOT EXISTS secrets (  -- the manager's own
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL  -- sealed
+) STRICT;
+CREATE TABLE IF NOT EXISTS user_secrets (  -- principals' secrets (SPEC §17), since version 5
+    owner      TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    hosts      TEXT NOT NULL,  -- JSON
+    places     TEXT NOT NULL,  -- JSON
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    value      BLOB NOT NULL,  -- sealed, bound to owner and name
+    PRIMARY KEY (owner, name)
 ) STRICT;
 """
 
@@ -139,6 +160,11 @@ _SNAP_COLS = ", ".join(SnapshotRecord.fields())
 _INSERT_SNAPSHOT = (
     f"INSERT INTO snapshots ({_SNAP_COLS}) "  # noqa: S608
     f"VALUES ({', '.join(':' + c for c in SnapshotRecord.fields())})"
+)
+_USECRET_COLS = ", ".join(UserSecretRecord.fields())
+_INSERT_USECRET = (
+    f"INSERT INTO user_secrets ({_USECRET_COLS}, {USER_SECRET_VALUE_FIELD}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in UserSecretRecord.fields())}, :blob)"
 )
 _INSERT_KEY = (
     f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
@@ -410,6 +436,57 @@ class SQLiteStore(Store):
             (name, blob),
         )
         return self._read("SELECT value FROM secrets WHERE name = ?", (name,))[0][0]
+
+    # -- principals' secrets ------------------------------------------------------------------
+
+    async def _put_user_secret_blob(
+        self, rec: UserSecretRecord, blob: bytes, limit: int
+    ) -> SecretPut:
+        with self._transaction() as conn:
+            held = conn.execute(
+                "SELECT COUNT(*) FROM user_secrets WHERE owner = ?", (rec.owner,)
+            ).fetchone()[0]
+            taken = conn.execute(
+                "SELECT 1 FROM user_secrets WHERE owner = ? AND name = ?", (rec.owner, rec.name)
+            ).fetchone()
+            if taken:
+                return "exists"
+            if held >= limit:
+                return "full"
+            conn.execute(_INSERT_USECRET, {**rec.to_flat(), "blob": blob})
+        return "created"
+
+    async def _update_user_secret(self, rec: UserSecretRecord, blob: bytes | None) -> bool:
+        sets = "hosts = :hosts, places = :places, updated_at = :updated_at"
+        if blob is not None:
+            sets += f", {USER_SECRET_VALUE_FIELD} = :blob"
+        sql = f"UPDATE user_secrets SET {sets} WHERE owner = :owner AND name = :name"  # noqa: S608
+        return self._write(sql, {**rec.to_flat(), "blob": blob}) == 1
+
+    async def _get_user_secret_blob(self, owner: str, name: str) -> bytes | None:
+        rows = self._read(
+            f"SELECT {USER_SECRET_VALUE_FIELD} FROM user_secrets WHERE owner = ? AND name = ?",  # noqa: S608
+            (owner, name),
+        )
+        return rows[0][0] if rows else None
+
+    async def get_user_secret(self, owner: str, name: str) -> UserSecretRecord | None:
+        rows = self._read(
+            f"SELECT {_USECRET_COLS} FROM user_secrets WHERE owner = ? AND name = ?",  # noqa: S608
+            (owner, name),
+        )
+        return UserSecretRecord.from_dict(rows[0]) if rows else None
+
+    async def list_user_secrets(self, owner: str) -> list[UserSecretRecord]:
+        rows = self._read(
+            f"SELECT {_USECRET_COLS} FROM user_secrets WHERE owner = ? ORDER BY name",  # noqa: S608
+            (owner,),
+        )
+        return [UserSecretRecord.from_dict(row) for row in rows]
+
+    async def delete_user_secret(self, owner: str, name: str) -> bool:
+        sql = "DELETE FROM user_secrets WHERE owner = ? AND name = ?"
+        return self._write(sql, (owner, name)) == 1
 
     # -- lifecycle ----------------------------------------------------------------------------
 
