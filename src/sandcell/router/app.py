@@ -164,6 +164,7 @@ OPERATIONS = (
     *templates.OPERATIONS,
     *agentcube.OPERATIONS,
     *e2b.OPERATIONS,  # E2B's wire protocol under /e2b (SPEC §14)
+    *e2b.ROOT_OPERATIONS,  # and its signed file URLs, which land at the root
     Operation("GET", "/healthz", healthz, "Liveness", secured=False),
     Operation(
         "GET", "/readyz", readyz, "Readiness (the store answers)", secured=False, errors=(503,)

@@ -9,6 +9,9 @@ path, not by the `E2b-Sandbox-Id` header, which some SDK versions also send to t
 API. Each table wraps its handlers once with its authentication and its error shape.
 `NOT_SERVED`, after the table, answers every other path under /e2b in E2B's shape as well:
 the SDK raises its own exceptions for a path or method sandcell does not serve.
+
+`ROOT_OPERATIONS` are served at the server's root: the SDK's signed file URLs, which
+`urljoin` takes out of `/e2b` (signed.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from starlette.requests import Request
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
-from sandcell.compat.e2b import control, errors
+from sandcell.compat.e2b import control, errors, signed
 from sandcell.compat.e2b.envd import app as envd
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.openapi import routes
@@ -28,7 +31,8 @@ PREFIX = "/e2b"
 OPERATIONS = tuple(
     replace(op, path=PREFIX + op.path) for op in (*control.OPERATIONS, *envd.OPERATIONS)
 )
-SECURITY_SCHEMES = {"e2bApiKey": control.SCHEME, **envd.SCHEMES}
+ROOT_OPERATIONS = signed.OPERATIONS
+SECURITY_SCHEMES = {"e2bApiKey": control.SCHEME, **envd.SCHEMES, "e2bFileSignature": signed.SCHEME}
 CONNECT_PATHS = ("/process.", "/filesystem.")
 
 
@@ -63,6 +67,10 @@ class _NotServed:
 
 
 _not_served = _NotServed()
-NOT_SERVED = (Route(PREFIX, _not_served), Route(PREFIX + "/{path:path}", _not_served))
+NOT_SERVED = (
+    Route(PREFIX, _not_served),
+    Route(PREFIX + "/{path:path}", _not_served),
+    signed.NOT_SERVED,
+)
 
-__all__ = ["NOT_SERVED", "OPERATIONS", "PREFIX", "SECURITY_SCHEMES"]
+__all__ = ["NOT_SERVED", "OPERATIONS", "PREFIX", "ROOT_OPERATIONS", "SECURITY_SCHEMES"]

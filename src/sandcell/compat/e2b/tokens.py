@@ -1,16 +1,21 @@
-"""`envdAccessToken`: a per-sandbox credential, minted at create (and at each connect),
+"""`envdAccessToken`: a per-sandbox credential, handed out at create and at each connect,
 checked on every in-sandbox call, and kept nowhere.
 
 A token is `<sandbox id>.<nonce>.<mac>`, the MAC an HMAC-SHA256 of the sandbox id and the
 nonce under a server key kept sealed in the store (so every replica accepts every replica's
-tokens). A check recomputes the MAC: nothing per token or per sandbox is stored, so nothing
-of a deleted sandbox's tokens stays behind, and a token for one sandbox never opens another.
+tokens). The nonce, too, is derived from the sandbox id under that key, so a sandbox has one
+token, as on E2B: `connect` hands out the same one, and a signed file URL (whose signature
+is a hash over the token, see `signed`) can be checked by rebuilding it from the id.
+
+A check recomputes the MAC: nothing per token or per sandbox is stored, so nothing of a
+deleted sandbox's tokens stays behind, and a token for one sandbox never opens another.
 It dies with its sandbox: the sandbox is looked up on every call, and ids are never reused.
 
 The token names its sandbox so that a call without `E2b-Sandbox-Id` (older SDKs after
 `Sandbox.connect()`) can be routed by it: `sandbox_of` returns the id only of a genuine
 token, whose MAC covers that id. Tokens minted before ids were carried (`<nonce>.<mac>`) are
-still accepted with the header.
+still accepted with the header, as are those minted with a random nonce before it was derived
+(they open calls; only a signed URL needs the derived one).
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import hashlib
 import hmac
 import os
 import re
-import secrets
 
 from sandcell.store import Store
 
@@ -33,15 +37,20 @@ class AccessTokens:
         self.store = store
         self._key: bytes | None = None
 
-    async def _mac(self, sandbox_id: str, nonce: str) -> str:
+    async def _digest(self, payload: str) -> bytes:
         if self._key is None:  # one key for every replica, made by whichever asks first
             self._key = await self.store.put_secret_if_absent(KEY_NAME, os.urandom(32))
-        payload = f"e2b-envd:{sandbox_id}:{nonce}".encode()
-        digest = hmac.new(self._key, payload, hashlib.sha256).digest()
+        return hmac.new(self._key, payload.encode(), hashlib.sha256).digest()
+
+    async def _mac(self, sandbox_id: str, nonce: str) -> str:
+        digest = await self._digest(f"e2b-envd:{sandbox_id}:{nonce}")
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
     async def mint(self, sandbox_id: str) -> str:
-        nonce = secrets.token_urlsafe(16)
+        """The sandbox's token: the same on every call (its 128-bit nonce is a MAC of the id,
+        under its own label, so it reveals nothing of the key or of the token's MAC)."""
+        seed = await self._digest(f"e2b-envd-nonce:{sandbox_id}")
+        nonce = base64.urlsafe_b64encode(seed[:16]).rstrip(b"=").decode()
         return f"{sandbox_id}.{nonce}.{await self._mac(sandbox_id, nonce)}"
 
     async def check(self, sandbox_id: str, token: str) -> bool:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sandcell.compat.e2b import errors, files, interpreter
+from sandcell.compat.e2b import errors, files, interpreter, signed
 from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
@@ -37,6 +37,7 @@ Message = dict[str, Any]
 Unary = Callable[[Gateway, SandboxRecord, Message], Awaitable[Message]]
 Stream = Callable[[Gateway, SandboxRecord, Message], AsyncIterator[Message]]
 Handler = Callable[[Gateway, SandboxRecord, Request], Awaitable[Response]]
+Authorise = Callable[[Gateway, Request], Awaitable[SandboxRecord]]
 UNARY: dict[str, Unary] = {
     **{f"/process.Process/{name}": fn for name, fn in process.UNARY.items()},
     **{f"/filesystem.Filesystem/{name}": fn for name, fn in filesystem.UNARY.items()},
@@ -93,14 +94,31 @@ async def authorised(gateway: Gateway, request: Request) -> SandboxRecord:
     return record
 
 
-def _secured(name: str, handler: Handler, shape: Callable[[ServiceError], Response]) -> Endpoint:
-    """`handler` for the sandbox the call's token opens, checked before it runs (so no envd
-    operation can forget it), its errors in `shape`."""
+async def authorised_file(gateway: Gateway, request: Request) -> SandboxRecord:
+    """envd's GET and POST /files: the access token, or (without one, as envd) a signed
+    URL's signature in the query, for the sandbox the call names (`signed`)."""
+    tokenless = not request.headers.get("x-access-token")
+    if tokenless and "signature" in request.query_params:
+        named = request.headers.get("e2b-sandbox-id")
+        if not named:
+            raise ServiceError(ErrorCode.BAD_REQUEST, "missing sandbox id: no E2b-Sandbox-Id")
+        return await signed.signed_record(gateway, request, named)
+    return await authorised(gateway, request)
+
+
+def _secured(
+    name: str,
+    handler: Handler,
+    shape: Callable[[ServiceError], Response],
+    authorise: Authorise = authorised,
+) -> Endpoint:
+    """`handler` for the sandbox the call's credential opens (`authorise`), checked before it
+    runs (so no envd operation can forget it), its errors in `shape`."""
 
     async def endpoint(request: Request) -> Response:
         try:
             gateway = Gateway.of(request)
-            return await handler(gateway, await authorised(gateway, request), request)
+            return await handler(gateway, await authorise(gateway, request), request)
         except ServiceError as exc:
             return shape(exc)
 
@@ -244,13 +262,14 @@ def _op(
     summary: str,
     *,
     connect_rpc: bool = False,
+    authorise: Authorise = authorised,
     **kw: Any,
 ) -> Operation:
     shape = errors.connect_unary_error if connect_rpc else errors.rest_error
     return Operation(
         method,
         path,
-        _secured(name, handler, shape),
+        _secured(name, handler, shape, authorise),
         summary,
         errors=_ERRORS,
         security=SECURITY,
@@ -301,8 +320,9 @@ OPERATIONS = (
         "/files",
         "download",
         files.download,
-        "E2B envd: download a file",
+        "E2B envd: download a file (the access token, or a signed URL's signature)",
         query=_PATH_QUERY,
+        authorise=authorised_file,
         response="application/octet-stream",
     ),
     *(
@@ -313,6 +333,7 @@ OPERATIONS = (
             files.upload,
             "E2B envd: upload files (octet-stream, gzip or a multipart form)",
             query=_PATH_QUERY,
+            authorise=authorised_file if method == "POST" else authorised,
             body="application/octet-stream",
         )
         for method in ("POST", "PUT")
