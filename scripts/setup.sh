@@ -15,6 +15,9 @@ command -v curl >/dev/null || need_apt+=(curl)  # the egress tests run curl insi
 # Images (SPEC §12): debian:<suite> bases, and the tests' own tiny OCI image.
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v busybox >/dev/null || need_apt+=(busybox-static)
+# The E2B version matrix's npm rows (tests/compat/e2b/node): the JS SDKs under Node.
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
 # Another apt (unattended-upgrades, cloud-init, a second setup) may hold the locks: wait for
 # it, up to 10 minutes, instead of failing at once.
 APT_LOCK_WAIT_S=600

@@ -1,30 +1,76 @@
-"""A throw-away venv for packages that cannot share the test venv (another e2b pin, a
-conflicting dependency), and a script run in it against the façade."""
+"""Throw-away venvs for packages that cannot share the test venv (another e2b pin, a
+conflicting dependency), and scripts run in them against the façade.
+
+uv builds them (crewai-tools with its e2b extra: about 4 s, where pip takes a minute and a
+half), each once per test session under the session's tmp, named by a hash of its
+requirements, so the tests that share a row share its venv and nothing outlives the session.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
-import venv
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 INSTALL_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 300
+UV = Path(sys.executable).with_name("uv")  # from the dev extras
+# The venvs run the test venv's own Python; uv is never to fetch one.
+UV_ENV = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "copy"}
+
+
+def make_venv(where: Path, requirements: Sequence[str]) -> Path:
+    """A venv at `where` holding `requirements`; returns its python."""
+    python = where / "bin" / "python"
+    subprocess.run(
+        [UV, "venv", "--quiet", "--python", sys.executable, where],
+        check=True,
+        env=UV_ENV,
+        timeout=60,
+    )
+    subprocess.run(
+        [UV, "pip", "install", "--quiet", "--python", python, *requirements],
+        check=True,
+        env=UV_ENV,
+        timeout=INSTALL_TIMEOUT_S,
+    )
+    return python
+
+
+def session_venv(factory: pytest.TempPathFactory, requirements: Sequence[str]) -> Path:
+    """The session's venv for `requirements`, made on first use; returns its python."""
+    key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:16]
+    where = factory.getbasetemp() / "venvs" / key
+    python = where / "bin" / "python"
+    done = where / "installed"
+    if not done.exists():
+        shutil.rmtree(where, ignore_errors=True)  # one a failed install left half made
+        make_venv(where, requirements)
+        done.write_text("\n".join(requirements))
+    return python
+
+
+def run_python(
+    python: Path, args: Sequence[str | Path], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`python ARGS...` with the E2B variables `env` added to this process's environment."""
+    return subprocess.run(
+        [python, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
 
 
 def run_in_venv(
     where: Path, requirements: list[str], script: str, env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
-    venv.EnvBuilder(with_pip=True).create(where)
-    python = where / "bin" / "python"
-    subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
-        check=True,
-        timeout=INSTALL_TIMEOUT_S,
-    )
-    return subprocess.run(
-        [python, "-c", script],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """`script` run by a fresh venv at `where` holding `requirements`."""
+    return run_python(make_venv(where, requirements), ["-c", script], env)
