@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -85,6 +85,7 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
         resources: Mapping[str, float] | None = None,
         auto_resume: bool = True,
         on_timeout: str = "delete",
+        secrets: Sequence[str] = (),
         api_key: str | None = None,
         url: str | None = None,
         config: ClientConfig | None = None,
@@ -97,7 +98,10 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
         egress policy, e.g. `{"allow": ["pypi.org"]}` (the template's otherwise); `resources`:
         `{"cpus", "memory_mb", "disk_mb"}` within the template's max_*; `auto_resume`: a
         request to the paused sandbox resumes it (else `SandboxPausedError`); `on_timeout`:
-        "pause" keeps the files when the idle timeout or lifetime ends. `api_key` and `url`
+        "pause" keeps the files when the idle timeout or lifetime ends; `secrets`: names of your
+        secrets (`client.secrets`), each set in every command's environment to a placeholder
+        that the egress proxy replaces with the value towards the secret's hosts (the value
+        never enters the sandbox). `api_key` and `url`
         default to SANDCELL_API_KEY and SANDCELL_URL (http://127.0.0.1:8700).
         """
         body: dict[str, Any] = {"template": template}
@@ -118,6 +122,10 @@ class SandboxBase(NetworkOperations, PersistenceOperations):
             body["metadata"] = dict(metadata)
         if network is not None:
             body["network"] = dict(network)
+        if secrets:
+            if isinstance(secrets, str):  # a lone name would be sent letter by letter
+                secrets = [secrets]
+            body["secrets"] = list(secrets)
         # Not idempotent: a request that may have reached the server is never repeated.
         request = Request("POST", "/v1/sandboxes", json=body, idempotent=False)
         data = yield from call_json(request, retry_policy(url, api_key, config))

@@ -159,6 +159,7 @@ class Manager:
         on_timeout: str = "delete",
         snapshot: SnapshotRecord | None = None,
         resources: dict[str, Any] | None = None,
+        secrets: dict[str, str] | None = None,
     ) -> SandboxRecord:
         """A running sandbox (on a copy of `snapshot`'s workspace if given); the record takes
         `reservation`'s slot, which is given back if the create fails. On failure nothing of
@@ -215,6 +216,7 @@ class Manager:
             lifetime_s=lifetime_s,
             workspace=home,
             resources=resources,
+            secrets=secrets or {},  # name -> placeholder (SPEC §17)
         )
         try:
             await self.store.put_sandbox(record, reservation)

@@ -21,7 +21,7 @@ from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.hop import check_path
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
-from sandcell.router import network, persistence, proxy, schemas, templates, websocket
+from sandcell.router import network, persistence, proxy, schemas, secrets, templates, websocket
 from sandcell.router.core import Router
 from sandcell.router.door import Limits
 from sandcell.router.middleware import RequestContext
@@ -162,6 +162,7 @@ OPERATIONS = (
         for m in _PROXY_METHODS
     ),
     *templates.OPERATIONS,
+    *secrets.OPERATIONS,  # SPEC §17
     *agentcube.OPERATIONS,
     *e2b.OPERATIONS,  # E2B's wire protocol under /e2b (SPEC §14)
     *e2b.ROOT_OPERATIONS,  # and its signed file URLs, which land at the root

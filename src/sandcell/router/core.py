@@ -49,11 +49,12 @@ from sandcell.network import websocket as ws
 from sandcell.router.auth import Authenticator, Principal
 from sandcell.router.door import Door, Limits
 from sandcell.router.metrics import RouterMetrics
-from sandcell.store import Reservation, SandboxRecord, Store
+from sandcell.store import Reservation, SandboxRecord, SnapshotRecord, Store
 
 if TYPE_CHECKING:
     from sandcell.manager.manager import Manager
     from sandcell.router.schemas import CreateSandbox
+    from sandcell.secrets.grants import Grant
 
 CONNECT_TIMEOUT_S = 2.0
 # A daemon's answer of at most this length, whole within the grace, goes back as one
@@ -416,20 +417,41 @@ class Router:
         """A sandbox for `principal`, within its key's quota (every façade creates here)."""
         owner = None if principal.admin else principal.name
         snapshot = await self.manager.snapshots.owned(owner, req.snapshot) if req.snapshot else None
+        granted = await self._grant(principal, req, snapshot)
         reservation = await self.reserve(principal.name)
         return await self.manager.create_sandbox(
             principal.name,
             req.template,
             idle_timeout_s=req.idle_timeout_s,
             max_lifetime_s=req.max_lifetime_s,
-            env=req.env,
+            env={**req.env, **granted.env},
             metadata=req.metadata,
-            network=req.network.policy() if req.network else None,
+            network=granted.network,
+            secrets=granted.placeholders,
             reservation=reservation,
             auto_resume=req.auto_resume,
             on_timeout=req.on_timeout,
             snapshot=snapshot,
             resources=req.resources.model_dump(exclude_none=True) if req.resources else None,
+        )
+
+    async def _grant(
+        self, principal: Principal, req: CreateSandbox, snapshot: SnapshotRecord | None
+    ) -> Grant:
+        """The placeholders and egress of the secrets a create names (SPEC §17)."""
+        from sandcell.secrets.grants import Grant, grant
+
+        if not req.secrets:
+            return Grant(network=req.network.policy() if req.network else None)
+        template = self.manager.template(snapshot.template if snapshot else req.template)
+        return await grant(
+            self.store,
+            principal.name,
+            req.secrets,
+            env=req.env,
+            network=req.network.policy() if req.network else None,
+            default_network=template.egress_policy().public(),
+            network_max=template.network_max,
         )
 
     async def delete(self, record: SandboxRecord) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandcell.network.policy import MAX_ENTRIES, Mode
 from sandcell.network.preview import MAX_EXPIRES_IN_S
+from sandcell.secrets.shapes import MAX_SECRETS_PER_SANDBOX, SecretName
 from sandcell.store import SandboxRecord, SnapshotRecord, State
 
 MAX_METADATA_ITEMS = 64
@@ -58,6 +59,15 @@ class CreateSandbox(_Strict):
     on_timeout: Literal["delete", "pause"] = "delete"
     snapshot: str | None = Field(None, pattern=SNAPSHOT_ID)  # start on a copy of its workspace
     resources: Resources | None = None
+    # The caller's secrets (SPEC §17), each a placeholder in the sandbox's environment.
+    secrets: list[SecretName] = Field(default_factory=list, max_length=MAX_SECRETS_PER_SANDBOX)
+
+    @field_validator("secrets")
+    @classmethod
+    def _distinct(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError("secrets names a secret twice")
+        return names
 
 
 class Keepalive(_Strict):

@@ -1,0 +1,121 @@
+"""Sandboxes created with secrets (SPEC §17), in real cells: a placeholder per secret in
+every command's environment, unique per sandbox, the secrets' hosts in the sandbox's policy,
+and `bindings_from_store` giving the proxy the current value (rotated, or gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sandcell import Sandbox
+from sandcell.client import ClientConfig
+from sandcell.client.errors import ForbiddenError, NotFoundError
+from sandcell.secrets.lookup import bindings_from_store
+from sandcell.store import Sealer, load_store_key, open_store
+from support.server import RunningServer, start_server
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+[templates.default]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+warm_pool = 0
+network_allow = ["pypi.org"]
+network = "allowlist"
+network_max = "allowlist"
+
+[templates.closed]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+warm_pool = 0
+network_max = "none"
+"""
+VALUE = "ghp_0a1b2c3d4e5f-real-token-value"
+PLACEHOLDER = re.compile(r"^sandcell-secret-GH_TOKEN-[0-9a-f]{32}$")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    srv = start_server(tmp_path_factory.mktemp("secrets-sbx") / "data", config_text=CONFIG)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def config(server: RunningServer) -> Iterator[ClientConfig]:
+    key = server.create_key("alice")
+    with server.client(key) as c:
+        body = {"name": "GH_TOKEN", "value": VALUE, "hosts": ["api.github.com"]}
+        assert c.post("/v1/secrets", json=body).status_code == 201
+        yield ClientConfig(url=server.url, api_key=key)
+        for sbx in c.get("/v1/sandboxes").json()["sandboxes"]:
+            c.delete(f"/v1/sandboxes/{sbx['id']}")
+
+
+def _bindings(server: RunningServer, sandbox_id: str) -> tuple:
+    async def look() -> tuple:
+        sealer = Sealer(load_store_key(server.data_dir))
+        async with open_store(f"sqlite://{server.data_dir / 'sandcell.db'}", sealer) as store:
+            return await bindings_from_store(store)(sandbox_id)
+
+    return asyncio.run(look())
+
+
+def test_placeholders_in_env_policy_and_bindings(server: RunningServer, config: ClientConfig):
+    with (
+        Sandbox.create(config=config, secrets=["GH_TOKEN"]) as one,
+        Sandbox.create(config=config, secrets=["GH_TOKEN"]) as two,
+    ):
+        seen = []
+        for sbx in (one, two):
+            env = sbx.commands.run("env", timeout=20).stdout
+            assert VALUE not in env
+            lines = [line for line in env.splitlines() if line.startswith("GH_TOKEN=")]
+            assert len(lines) == 1, env
+            placeholder = lines[0].removeprefix("GH_TOKEN=")
+            assert PLACEHOLDER.match(placeholder), placeholder
+            seen.append(placeholder)
+            # A command's own env does not hide it, and a later command sees the same one.
+            again = sbx.commands.run("printenv GH_TOKEN", timeout=20).stdout.strip()
+            assert again == placeholder
+        assert seen[0] != seen[1]  # unique per sandbox
+
+        with httpx.Client(base_url=server.url) as c:
+            c.headers["authorization"] = f"Bearer {config.api_key}"
+            network = c.get(f"/v1/sandboxes/{one.id}").json()["network"]
+        assert network["egress"] == "allowlist"
+        assert network["allow"] == ["pypi.org", "api.github.com"]  # the template's, then its
+
+        (binding,) = _bindings(server, one.id)
+        assert binding.name == "GH_TOKEN" and binding.placeholder == seen[0]
+        assert binding.value == VALUE.encode() and binding.hosts == {"api.github.com"}
+        assert binding.where == {"headers"} and VALUE not in repr(binding)
+        assert _bindings(server, two.id)[0].placeholder == seen[1]
+        assert _bindings(server, "sbx-no-such-sandbox") == ()
+
+        with httpx.Client(base_url=server.url) as c:
+            c.headers["authorization"] = f"Bearer {config.api_key}"
+            rotated = {"value": VALUE + "-v2", "hosts": ["api.github.com", "uploads.github.com"]}
+            assert c.put("/v1/secrets/GH_TOKEN", json=rotated).status_code == 200
+            (binding,) = _bindings(server, one.id)
+            assert binding.value == (VALUE + "-v2").encode()
+            assert binding.hosts == {"api.github.com", "uploads.github.com"}
+            assert c.delete("/v1/secrets/GH_TOKEN").status_code == 204
+            assert _bindings(server, one.id) == ()  # the proxy refuses its placeholder now
+            body = {"name": "GH_TOKEN", "value": VALUE, "hosts": ["api.github.com"]}
+            assert c.post("/v1/secrets", json=body).status_code == 201
+    assert VALUE not in server.log.read_text()
+
+
+def test_refusals_through_the_sdk(config: ClientConfig) -> None:
+    with pytest.raises(NotFoundError, match="NOT_THERE"):
+        Sandbox.create(config=config, secrets=["NOT_THERE"])
+    with pytest.raises(ForbiddenError, match="network_max"):
+        Sandbox.create(config=config, template="closed", secrets=["GH_TOKEN"])
