@@ -26,6 +26,7 @@ class _Commands(LazyGroup):
         "code": "code",
         "mcp": "mcp",
         "template": "templates",
+        "secrets": "secrets",
     }
 
 

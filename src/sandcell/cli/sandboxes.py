@@ -100,6 +100,12 @@ def create(
     snapshot: Annotated[
         str | None, typer.Option("--snapshot", help="start on a copy of this snapshot's files")
     ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret", metavar="NAME", help="your secret, as a placeholder in $NAME (repeatable)"
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
@@ -118,6 +124,7 @@ def create(
             metadata=_pairs(metadata, "--metadata"),
             network=network_policy(egress, allow or (), deny or ()) if wanted else None,
             snapshot=snapshot,
+            secrets=secret or (),
             api_key=api_key,
             url=url,
         )

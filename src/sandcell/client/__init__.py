@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from sandcell.client.processes import AsyncCommandHandle, CommandHandle
     from sandcell.client.pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle
     from sandcell.client.sandbox import Sandbox
+    from sandcell.client.secrets import AsyncSecrets, Secrets
 
 # The public names by the module that defines them: each is imported on first use (PEP 562),
 # so `from sandcell.client import Sandbox` loads neither the async half nor asyncio.
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "processes": ("AsyncCommandHandle", "CommandHandle"),
     "pty": ("AsyncPty", "AsyncPtyHandle", "Pty", "PtyHandle"),
     "sandbox": ("Sandbox",),
+    "secrets": ("AsyncSecrets", "Secrets"),
 }
 _HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_HOMES)

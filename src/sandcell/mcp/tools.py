@@ -223,6 +223,14 @@ async def create_sandbox(
     metadata: Annotated[
         dict[str, str] | None, Field(description="Labels to find it by later.")
     ] = None,
+    secrets: Annotated[
+        list[str] | None,
+        Field(
+            description="Names of the API key's secrets (set with `sandcell secrets set`): each "
+            "is an environment variable holding a placeholder, which the egress proxy replaces "
+            "with the real value towards the secret's hosts; the sandbox never sees the value."
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """Create a new sandbox and return its id, to pass as sandbox_id to the other tools. It
     outlives this session: delete it with kill_sandbox (or it expires when idle). Only needed
@@ -230,7 +238,11 @@ async def create_sandbox(
     sessions = _sessions(ctx)
     with _tool_errors():
         sbx = await AsyncSandbox.create(
-            template=template, timeout=idle_timeout_s, metadata=metadata, config=sessions.config
+            template=template,
+            timeout=idle_timeout_s,
+            metadata=metadata,
+            secrets=secrets or (),
+            config=sessions.config,
         )
     await sbx.close()
     return sbx.last_info.to_dict()
