@@ -39,3 +39,13 @@ async def test_tokens_on_each_store(store: Store) -> None:
     assert await AccessTokens(store).check("sbx-a", first)
     assert await store.get_secret(KEY_NAME) is not None
     assert await store.get_secret(first) is None  # the token itself is stored nowhere
+
+
+async def test_of_each_keeps_only_the_last_calls_tokens(store: Store) -> None:
+    """The signed-URL search rebuilds each live sandbox's token: the same as `mint`, and
+    kept only for the ids of the latest call (a deleted sandbox's token is dropped)."""
+    tokens = AccessTokens(store)
+    first = await tokens.of_each(["sbx-a", "sbx-b"])
+    assert first == {"sbx-a": await tokens.mint("sbx-a"), "sbx-b": await tokens.mint("sbx-b")}
+    assert set(await tokens.of_each(["sbx-b", "sbx-c"])) == {"sbx-b", "sbx-c"}
+    assert set(tokens._last) == {"sbx-b", "sbx-c"}

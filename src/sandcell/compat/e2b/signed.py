@@ -20,6 +20,7 @@ code as the façade's envd `/files` (`files`), through the router core.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -43,6 +44,7 @@ OPERATION = {"GET": "read", "POST": "write"}
 # is looked for (they name no sandbox, so no owner yet): a flood of forged URLs holds at most
 # that account's slots, never an owner's or the keyed callers'.
 SEARCHING = anonymous("e2b-signed-urls")
+YIELD_EVERY = 256  # candidates tried between two turns of the event loop
 SCHEME = {
     "type": "apiKey",
     "in": "query",
@@ -92,19 +94,20 @@ async def signed_record(
     store = gateway.router.store
     if sandbox_id is not None:
         one = await store.get_sandbox(sandbox_id)
-        candidates = [one] if one is not None else []
+        live = [one] if one is not None and one.state not in GONE else []
+        tokens = {sandbox_id: await gateway.tokens.mint(sandbox_id)}
     else:
         gateway.router.door.admit(request.scope, SEARCHING)
-        candidates = await store.list_sandboxes()
+        live = [record for record in await store.list_sandboxes() if record.state not in GONE]
+        tokens = await gateway.tokens.of_each(record.id for record in live)
     found = None
-    for record in candidates:
-        if record.state in GONE:
-            continue
-        token = await gateway.tokens.mint(record.id)
-        expected = signature(*material, token, expiration)
+    for n, record in enumerate(live, 1):
+        expected = signature(*material, tokens[record.id], expiration)
         if hmac.compare_digest(expected.encode(), presented.encode()):
             found = record
             break
+        if n % YIELD_EVERY == 0:  # a long search leaves the event loop to other requests
+            await asyncio.sleep(0)
     if found is None:
         raise _refused("invalid signature")
     if expiration is not None and expiration < int(time.time()):

@@ -20,11 +20,13 @@ still accepted with the header, as are those minted with a random nonce before i
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import os
 import re
+from collections.abc import Iterable
 
 from sandcell.store import Store
 
@@ -36,6 +38,7 @@ class AccessTokens:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._key: bytes | None = None
+        self._last: dict[str, str] = {}  # the tokens `of_each` gave last, by sandbox id
 
     async def _digest(self, payload: str) -> bytes:
         if self._key is None:  # one key for every replica, made by whichever asks first
@@ -52,6 +55,17 @@ class AccessTokens:
         seed = await self._digest(f"e2b-envd-nonce:{sandbox_id}")
         nonce = base64.urlsafe_b64encode(seed[:16]).rstrip(b"=").decode()
         return f"{sandbox_id}.{nonce}.{await self._mac(sandbox_id, nonce)}"
+
+    async def of_each(self, sandbox_ids: Iterable[str]) -> dict[str, str]:
+        """Each sandbox's token. Those of the previous call are kept (and only those, so the
+        memory is that of one call's ids): a search over the live sandboxes makes only the
+        new ones' tokens."""
+        last, self._last = self._last, {}
+        for n, sandbox_id in enumerate(sandbox_ids, 1):
+            self._last[sandbox_id] = last.get(sandbox_id) or await self.mint(sandbox_id)
+            if n % 256 == 0:  # many new ones leave the event loop to other requests
+                await asyncio.sleep(0)
+        return self._last
 
     async def check(self, sandbox_id: str, token: str) -> bool:
         """Whether `token` opens `sandbox_id` (a token naming another sandbox never does)."""
