@@ -18,6 +18,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from sandcell.compat.e2b import hosts as e2b_hosts
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import error_response
@@ -175,7 +176,9 @@ def _port(port: int) -> int:
 class PreviewHosts:
     """ASGI wrapper for `server.preview_domain`: a request for `{port}-{id}.{domain}` is
     routed to the host-preview route, so a browser sees the app at the root of its own host
-    (absolute links work) while limits, metrics and error handling stay the router's."""
+    (absolute links work) while limits, metrics and error handling stay the router's.
+    E2B's ports on those hosts (49983 envd, 49999 the code interpreter) go to the E2B
+    façade instead, for the sandbox the host names (`compat.e2b.hosts`)."""
 
     def __init__(self, app: Starlette, domain: str) -> None:
         self.app = app
@@ -184,7 +187,13 @@ class PreviewHosts:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and (found := self._match(scope)) is not None:
-            prefix = f"{HOST_PREFIX}/{found[0]}/{found[1]}"
+            port, sandbox_id = found
+            if port in e2b_hosts.PORTS:
+                routed = e2b_hosts.route(scope, sandbox_id)
+                app = self.app if routed is not None else e2b_hosts.not_served(scope)
+                await app(routed or scope, receive, send)
+                return
+            prefix = f"{HOST_PREFIX}/{port}/{sandbox_id}"
             raw = scope.get("raw_path") or scope["path"].encode()
             scope = {**scope, "path": prefix + scope["path"], "raw_path": prefix.encode() + raw}
         await self.app(scope, receive, send)

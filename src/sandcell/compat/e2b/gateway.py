@@ -42,10 +42,12 @@ async def ndjson(answer: Answer) -> AsyncIterator[dict[str, Any]]:
 
 
 class Gateway:
-    """The router core of one sandcell app (its `state.router`)."""
+    """The router core of one sandcell app (its `state.router`), and the domain its sandboxes'
+    hosts are under (`server.preview_domain`; "" when unset)."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, domain: str = "") -> None:
         self.router = router
+        self.domain = domain
         self.tokens = AccessTokens(router.store)
 
     @classmethod
@@ -54,7 +56,8 @@ class Gateway:
         state = request.app.state
         gateway = getattr(state, "e2b_gateway", None)
         if gateway is None or gateway.router is not state.router:
-            gateway = state.e2b_gateway = cls(state.router)
+            gateway = cls(state.router, getattr(state, "preview_domain", ""))
+            state.e2b_gateway = gateway
         return gateway
 
     async def daemon(

@@ -69,7 +69,9 @@ async def _created(gateway: Gateway, sandbox: dict[str, Any], template: str) -> 
         "envdAccessToken": token,
         # e2b-code-interpreter sends only this one on its /contexts calls: the same secret.
         "trafficAccessToken": token,
-        "domain": None,
+        # The SDK's `get_host(port)` is `{port}-{id}.{domain}`: sandcell's preview domain,
+        # where Host routing serves them (None: the client's E2B_DOMAIN).
+        "domain": gateway.domain or None,
     }
 
 
