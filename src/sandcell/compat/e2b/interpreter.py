@@ -33,6 +33,9 @@ MIME_NAMES = {
     "image/jpeg": "jpeg",
     "application/json": "json",
     "text/latex": "latex",
+    "application/pdf": "pdf",
+    "application/javascript": "javascript",
+    "e2b/chart": "chart",
     "is_main_result": "is_main_result",
 }
 

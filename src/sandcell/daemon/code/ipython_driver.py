@@ -7,8 +7,10 @@ venv sandcell runs from or with an image's own python3 that has IPython.
 Requests arrive on CMD_FD, each a JSON header line `{"id", "len", "env"}` followed by `len`
 bytes of UTF-8 code. Events leave on EVENT_FD as JSON lines: `ready` once, then for each run
 `result` (a MIME bundle, from the display hook or the display publisher), `error`, and `done`
-with the execution count. Stdout and stderr stay the process's fds 1 and 2 (pipes the daemon
-reads), so `print`, `!cmd` children and C extensions all land there, in the order written.
+with the execution count. A matplotlib figure's bundle also carries `e2b/chart`, the figure's
+data as E2B's `e2b_charts` package extracts it, where that package is installed. Stdout and
+stderr stay the process's fds 1 and 2 (pipes the daemon reads), so `print`, `!cmd` children
+and C extensions all land there, in the order written.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
+from IPython.core.formatters import BaseFormatter
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
@@ -42,7 +45,7 @@ class Channel:
     def send(self, event: dict[str, Any]) -> None:
         event = {**event, "id": self.run_id}
         try:
-            text = json.dumps(event, default=repr)
+            text = json.dumps(event, default=as_json)
         except (TypeError, ValueError, RecursionError):  # odd keys, cycles: keep the text
             plain = str(event.get("data", {}).get("text/plain", "<a result JSON cannot hold>"))
             text = json.dumps({**event, "data": {"text/plain": plain}})
@@ -55,6 +58,16 @@ class Channel:
 
 
 CHANNEL: Channel
+
+
+def as_json(value: Any) -> Any:
+    """JSON for what json cannot encode: numpy's scalars and arrays as numbers and lists (a
+    chart's ticks are numpy's), anything else as its repr."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        with contextlib.suppress(Exception):
+            return tolist()
+    return repr(value)
 
 
 def bundle(data: dict[str, Any]) -> dict[str, Any]:
@@ -86,6 +99,29 @@ class ResultPublisher(DisplayPublisher):
 
     def clear_output(self, wait: bool = False) -> None:
         pass
+
+
+class ChartFormatter(BaseFormatter):  # type: ignore[misc]
+    """A figure's data (type, title, labels, ticks, elements) beside its PNG, in E2B's shape.
+
+    Asked of every displayed object: nothing is imported unless the object is a matplotlib
+    figure (which exists only once the user imported matplotlib), and an extractor that is
+    missing or fails leaves the figure with its PNG alone."""
+
+    format_type = "e2b/chart"
+
+    def __call__(self, obj: Any) -> dict[str, Any] | None:
+        figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+        if figure is None or not isinstance(obj, figure):
+            return None
+        try:
+            from e2b_charts import chart_figure_to_dict  # type: ignore[import-untyped]
+        except ImportError:
+            return None
+        try:
+            return chart_figure_to_dict(obj) or None
+        except Exception:
+            return None
 
 
 class Shell(InteractiveShell):
@@ -191,6 +227,9 @@ def main() -> None:
     config = Config()
     config.HistoryManager.hist_file = ":memory:"  # no sqlite file anywhere
     shell = Shell.instance(config=config, colors="nocolor")
+    display = shell.display_formatter
+    assert display is not None  # made by the shell's init
+    display.formatters[ChartFormatter.format_type] = ChartFormatter(parent=display)
     CHANNEL.send({"type": "ready"})
     with open(command_fd, "rb") as commands:
         serve(commands, shell)

@@ -28,7 +28,9 @@ MIME_TYPES = (
     "application/json",
     "application/javascript",
     "application/pdf",
+    "e2b/chart",  # a matplotlib figure's data, in E2B's chart shape (ipython_driver.py)
 )
+JSON_TYPES = ("application/json", "e2b/chart")  # kept as JSON; every other type a string
 MAX_RESULT_BYTES = 8 * 1_048_576  # per run, all results together
 MAX_TEXT_FIELD = 1_048_576  # an error's name, value or traceback
 
@@ -48,9 +50,13 @@ def result_bundle(data: Any) -> dict[str, Any]:
         return {}
     bundle: dict[str, Any] = {}
     for mime in MIME_TYPES:
-        if mime in data:
-            value = data[mime]
-            bundle[mime] = value if mime == "application/json" else clean_text(value, 1 << 62)
+        if mime not in data:
+            continue
+        value = data[mime]
+        if mime not in JSON_TYPES:
+            bundle[mime] = clean_text(value, 1 << 62)
+        elif mime != "e2b/chart" or isinstance(value, dict):  # a chart is an object or none
+            bundle[mime] = value
     return bundle
 
 
