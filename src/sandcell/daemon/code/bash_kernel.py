@@ -22,6 +22,9 @@ class BashLanguage:
     def argv(self, command_fd: int, event_fd: int) -> list[str]:
         return [BASH, "--noprofile", "--norc", str(DRIVER), str(command_fd), str(event_fd)]
 
+    def check(self) -> None:
+        pass  # /bin/bash is every root's
+
     def env_defaults(self) -> dict[str, str]:
         return {}
 

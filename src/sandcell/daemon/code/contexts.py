@@ -19,11 +19,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandcell.daemon.code.bash_kernel import BashLanguage
+from sandcell.daemon.code.js_kernel import JavaScriptLanguage
 from sandcell.daemon.code.kernel import Kernel, KernelDied, Language, Tracker
 from sandcell.daemon.code.python_kernel import PythonLanguage
 from sandcell.daemon.code.results import RunOutput, error_event, timeout_error
 from sandcell.errors import ErrorCode, ServiceError
 
+# Short names that clients (e2b-code-interpreter among them) use for languages.
+ALIASES = {"js": "javascript", "ts": "typescript"}
 INTERRUPT_GRACE_S = 2.0
 START_TIMEOUT_S = 60.0
 MAX_CONTEXTS = 16
@@ -228,6 +231,8 @@ class Contexts:
         self._languages: dict[str, Language] = {
             "python": PythonLanguage(python),
             "bash": BashLanguage(),
+            "javascript": JavaScriptLanguage("javascript"),
+            "typescript": JavaScriptLanguage("typescript"),
         }
         self._env = env
         self._tracker = tracker
@@ -235,13 +240,16 @@ class Contexts:
         self._defaults: dict[str, str] = {}
 
     def language(self, name: str) -> Language:
-        if name not in self._languages:
+        """The language a request names (or its short name), if this sandbox can run it."""
+        language = self._languages.get(ALIASES.get(name, name))
+        if language is None:
             raise ServiceError(
                 ErrorCode.BAD_REQUEST,
                 f"unknown language {name!r}; known: {sorted(self._languages)}",
                 {"field": "language"},
             )
-        return self._languages[name]
+        language.check()
+        return language
 
     def create(self, language: str, cwd: str) -> Context:
         """A new context in `cwd` (an absolute, checked directory); its process starts later."""
@@ -269,7 +277,7 @@ class Contexts:
         """The context a run asks for: by id, else the language's default (made on first use)."""
         if context_id is not None:
             context = self.get(context_id)
-            if language not in (None, context.language.name):
+            if language is not None and ALIASES.get(language, language) != context.language.name:
                 raise ServiceError(
                     ErrorCode.BAD_REQUEST,
                     f"context {context_id} runs {context.language.name}, not {language}",

@@ -53,6 +53,10 @@ class Language(Protocol):
 
     name: str
 
+    def check(self) -> None:
+        """Refuses (a ServiceError) a language this sandbox cannot run, before a context."""
+        ...
+
     def argv(self, command_fd: int, event_fd: int) -> list[str]: ...
 
     def env_defaults(self) -> dict[str, str]: ...

@@ -29,6 +29,13 @@ ENV_DEFAULTS = {
 }
 
 
+def json_frame(run_id: int, code: str, env: Mapping[str, str]) -> bytes:
+    """A request as the python and javascript drivers read it: a JSON header, then the code."""
+    body = code.encode("utf-8", "surrogatepass")
+    header = {"id": run_id, "len": len(body), "env": dict(env)}
+    return json.dumps(header).encode() + b"\n" + body
+
+
 class PythonLanguage:
     name = "python"
 
@@ -42,10 +49,11 @@ class PythonLanguage:
     def env_defaults(self) -> dict[str, str]:
         return dict(ENV_DEFAULTS)
 
+    def check(self) -> None:
+        pass  # whether IPython is there shows when the process starts
+
     def frame(self, run_id: int, code: str, env: Mapping[str, str]) -> bytes:
-        body = code.encode("utf-8", "surrogatepass")
-        header = {"id": run_id, "len": len(body), "env": dict(env)}
-        return json.dumps(header).encode() + b"\n" + body
+        return json_frame(run_id, code, env)
 
     def finish(self, done: Event, output: RunOutput) -> int | None:
         count = done.get("execution_count")
