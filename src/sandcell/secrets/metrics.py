@@ -47,7 +47,7 @@ class SecretUses:
     """A `UseRecorder`: `uses(sandbox_id, secret, host, decision)`."""
 
     def __init__(self, events: SecretEvents | None = None) -> None:
-        self.events = events or SecretEvents()
+        self.events = events if events is not None else SecretEvents()  # an empty one is falsy
         self.counter = Counter(
             "sandcell_secret_uses",
             "Secret placeholders the egress proxy substituted or refused",
