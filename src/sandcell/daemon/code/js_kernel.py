@@ -10,19 +10,17 @@ an image may carry its own, where Node finds global packages).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 from sandcell.cellapi.environment import FIXED_PATH
-from sandcell.daemon.code.python_kernel import json_frame
-from sandcell.daemon.code.results import Event, RunOutput
+from sandcell.daemon.code.python_kernel import JsonFramed
 from sandcell.errors import ErrorCode, ServiceError
 
 DRIVER = Path(__file__).with_name("js_driver.js")
 NO_TYPESCRIPT = "sandcell: no typescript package for this Node.js"
 
 
-class JavaScriptLanguage:
+class JavaScriptLanguage(JsonFramed):
     def __init__(self, name: str = "javascript") -> None:
         self.name = name
 
@@ -47,13 +45,6 @@ class JavaScriptLanguage:
 
     def env_defaults(self) -> dict[str, str]:
         return {}
-
-    def frame(self, run_id: int, code: str, env: Mapping[str, str]) -> bytes:
-        return json_frame(run_id, code, env)
-
-    def finish(self, done: Event, output: RunOutput) -> int | None:
-        count = done.get("execution_count")
-        return count if isinstance(count, int) and not isinstance(count, bool) else None
 
     def start_failure(self, stderr_tail: str) -> str:
         if NO_TYPESCRIPT in stderr_tail:

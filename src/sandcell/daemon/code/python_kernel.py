@@ -29,14 +29,21 @@ ENV_DEFAULTS = {
 }
 
 
-def json_frame(run_id: int, code: str, env: Mapping[str, str]) -> bytes:
-    """A request as the python and javascript drivers read it: a JSON header, then the code."""
-    body = code.encode("utf-8", "surrogatepass")
-    header = {"id": run_id, "len": len(body), "env": dict(env)}
-    return json.dumps(header).encode() + b"\n" + body
+class JsonFramed:
+    """The framing of the python and javascript drivers: a request is a JSON header line and
+    the code; the `done` event carries the execution count."""
+
+    def frame(self, run_id: int, code: str, env: Mapping[str, str]) -> bytes:
+        body = code.encode("utf-8", "surrogatepass")
+        header = {"id": run_id, "len": len(body), "env": dict(env)}
+        return json.dumps(header).encode() + b"\n" + body
+
+    def finish(self, done: Event, output: RunOutput) -> int | None:
+        count = done.get("execution_count")
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
-class PythonLanguage:
+class PythonLanguage(JsonFramed):
     name = "python"
 
     def __init__(self, python: str) -> None:
@@ -51,13 +58,6 @@ class PythonLanguage:
 
     def check(self) -> None:
         pass  # whether IPython is there shows when the process starts
-
-    def frame(self, run_id: int, code: str, env: Mapping[str, str]) -> bytes:
-        return json_frame(run_id, code, env)
-
-    def finish(self, done: Event, output: RunOutput) -> int | None:
-        count = done.get("execution_count")
-        return count if isinstance(count, int) and not isinstance(count, bool) else None
 
     def start_failure(self, stderr_tail: str) -> str:
         if "No module named 'IPython'" in stderr_tail:
