@@ -214,3 +214,20 @@ def test_openapi_lists_the_routes(server: RunningServer) -> None:
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert set(paths["/v1/secrets"]) == {"get", "post"}
     assert set(paths["/v1/secrets/{name}"]) == {"put", "delete"}
+
+
+def test_admin_lists_its_own_secrets_only(server: RunningServer, alice: httpx.Client) -> None:
+    assert alice.post("/v1/secrets", json=_secret("ALICE_SEES")).status_code == 201
+    with server.client(server.create_key("root", admin=True)) as admin:
+        assert admin.get("/v1/secrets").json() == {"secrets": []}
+        _error(admin.delete("/v1/secrets/ALICE_SEES"), 404, "NOT_FOUND")
+    assert alice.delete("/v1/secrets/ALICE_SEES").status_code == 204
+
+
+def test_a_none_default_becomes_an_allow_list(alice: httpx.Client) -> None:
+    assert alice.post("/v1/secrets", json=_secret("OPENS")).status_code == 201
+    r = alice.post("/v1/sandboxes", json={"secrets": ["OPENS"]})
+    assert r.status_code == 201, r.text
+    assert r.json()["network"] == {"egress": "allowlist", "allow": ["api.openai.com"], "deny": []}
+    assert alice.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
+    assert alice.delete("/v1/secrets/OPENS").status_code == 204
