@@ -119,3 +119,14 @@ def test_refusals_through_the_sdk(config: ClientConfig) -> None:
         Sandbox.create(config=config, secrets=["NOT_THERE"])
     with pytest.raises(ForbiddenError, match="network_max"):
         Sandbox.create(config=config, template="closed", secrets=["GH_TOKEN"])
+
+
+def test_a_fork_gets_placeholders_of_its_own(server: RunningServer, config: ClientConfig):
+    with Sandbox.create(config=config, secrets=["GH_TOKEN"], env={"KEEP": "1"}) as parent:
+        theirs = parent.commands.run("printenv GH_TOKEN").stdout.strip()
+        with parent.fork() as child:
+            mine = child.commands.run("printenv GH_TOKEN KEEP").stdout.split()
+            assert PLACEHOLDER.match(mine[0]) and mine[0] != theirs and mine[1] == "1"
+            (binding,) = _bindings(server, child.id)
+            assert binding.placeholder == mine[0] and binding.value == VALUE.encode()
+            assert _bindings(server, parent.id)[0].placeholder == theirs

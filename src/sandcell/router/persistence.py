@@ -122,14 +122,18 @@ async def child_of(
     """A sandbox on `snapshot` of `parent`, with the parent's settings (every fork, on /v1
     and through the façade, makes its children here); `timeout_s` replaces the parent's
     idle timeout and bounds the child's lifetime."""
+    from sandcell.secrets.grants import regrant
+
+    env, secrets = await regrant(r.store, parent)  # placeholders of the child's own
     return await r.manager.create_sandbox(
         parent.owner,
         parent.template,
         idle_timeout_s=timeout_s or parent.idle_timeout_s,
         max_lifetime_s=timeout_s,
-        env=parent.env,
+        env=env,
         metadata=parent.metadata,
         network=parent.network or None,
+        secrets=secrets,
         reservation=reservation,
         auto_resume=parent.auto_resume,
         on_timeout=parent.on_timeout,

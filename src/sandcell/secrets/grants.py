@@ -15,7 +15,7 @@ from typing import Any
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.network.policy import MODES, Mode, parse_policy
 from sandcell.secrets.shapes import host_name
-from sandcell.store import Store, UserSecretRecord
+from sandcell.store import SandboxRecord, Store, UserSecretRecord
 
 PLACEHOLDER_PREFIX = "sandcell-secret-"
 _RANDOM_BYTES = 16  # 128 bits: a placeholder cannot be guessed from another sandbox's
@@ -62,6 +62,19 @@ async def grant(
     policy = _widened(records, network, default_network, network_max)
     placeholders = {rec.name: new_placeholder(rec.name) for rec in records}
     return Grant(env=dict(placeholders), network=policy, placeholders=placeholders)
+
+
+async def regrant(store: Store, parent: SandboxRecord) -> tuple[dict[str, str], dict[str, str]]:
+    """A fork's env and placeholders: its parent's secrets that still exist, each with a
+    placeholder of its own (a placeholder is never shared by two sandboxes); the variable of
+    a secret deleted since is left out. The parent's policy allows the hosts already."""
+    env = {k: v for k, v in parent.env.items() if k not in parent.secrets}
+    placeholders = {
+        name: new_placeholder(name)
+        for name in sorted(parent.secrets)
+        if await store.get_user_secret(parent.owner, name) is not None
+    }
+    return {**env, **placeholders}, placeholders
 
 
 async def _owned(store: Store, owner: str, name: str) -> UserSecretRecord:
