@@ -15,6 +15,7 @@ import itertools
 import logging
 import resource
 import socket
+import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,6 +29,7 @@ from sandcell.network.policy import NONE, Decision, IPAddress, NetworkPolicy, de
 from sandcell.network.pumps import both_ways
 
 if TYPE_CHECKING:
+    from sandcell.network.tls.substitution import Substitution
     from sandcell.store import Store
 
 log = logging.getLogger("sandcell.egress")
@@ -149,8 +151,10 @@ class EgressService:
         resolver: Resolver = system_resolver,
         limits: EgressLimits | None = None,
         own_addresses: Iterable[IPAddress] | None = None,
+        substitution: Substitution | None = None,
     ) -> None:
         self.policy_for = policy_for
+        self.substitution = substitution  # secrets (SPEC §17); None: every CONNECT a tunnel
         self.owner_for = owner_for
         self.resolver = resolver
         self.limits = limits or EgressLimits()
@@ -167,7 +171,7 @@ class EgressService:
         """Starts serving a sandbox's two listening sockets (already bound and listening)."""
         from sandcell.network import http_proxy, socks5  # the handlers import this module
 
-        await self.detach(sandbox_id)
+        self._close_listeners(sandbox_id)
         entry = self._sandboxes[sandbox_id] = _Sandbox()
         for sock, handler, refuser in (
             (http, http_proxy.handle, http_proxy.refuse),
@@ -180,6 +184,12 @@ class EgressService:
             entry.servers.append(server)
 
     async def detach(self, sandbox_id: str) -> None:
+        """The sandbox's cell is gone: its listeners close, its CA is forgotten."""
+        self._close_listeners(sandbox_id)
+        if self.substitution is not None:
+            self.substitution.forget(sandbox_id)
+
+    def _close_listeners(self, sandbox_id: str) -> None:
         entry = self._sandboxes.pop(sandbox_id, None)
         for server in entry.servers if entry else []:
             server.close()
@@ -336,16 +346,34 @@ class EgressService:
         return decision
 
     async def connect(
-        self, decision: Decision, port: int
+        self,
+        decision: Decision,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to the first checked address that answers (never a re-resolved name)."""
+        """A connection to the first checked address that answers (never a re-resolved name);
+        with `tls`, over TLS verified for `server_hostname` (SNI and the certificate's name)."""
         last = "no address"
         for address in decision.addresses:
             try:
                 return await asyncio.wait_for(
-                    asyncio.open_connection(address, port, limit=CHUNK),
+                    asyncio.open_connection(
+                        address,
+                        port,
+                        limit=CHUNK,
+                        ssl=tls,
+                        server_hostname=server_hostname if tls else None,
+                    ),
                     self.limits.connect_timeout_s,
                 )
+            except ssl.SSLCertVerificationError as exc:
+                last = (
+                    f"{address}:{port}: its certificate failed verification: {exc.verify_message}"
+                )
+            except ssl.SSLError as exc:
+                last = f"{address}:{port}: TLS failed: {exc.reason or exc}"
             except (OSError, TimeoutError) as exc:
                 last = f"{address}:{port}: {exc.strerror if isinstance(exc, OSError) else exc}"
         raise Refused(f"cannot connect to {last}")

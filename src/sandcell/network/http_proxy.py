@@ -3,7 +3,9 @@
 h11 parses the request head strictly; what follows the head (a tunnel's bytes, a request body in
 whatever framing the client chose) is relayed raw, so nothing is buffered beyond one chunk.
 Forwarded requests get `Connection: close`: one request per upstream connection keeps every
-request on a connection whose destination was checked.
+request on a connection whose destination was checked. A CONNECT towards a host that one of the
+sandbox's secrets names is not a tunnel: `tls.intercept` relays it (SPEC §17), and a plain
+request carrying a placeholder is refused (secrets are substituted over TLS only).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from urllib.parse import urlsplit
 import h11
 
 from sandcell.network.egress import EgressService, Refused
-from sandcell.network.policy import canonical_host
+from sandcell.network.policy import Decision, canonical_host
+from sandcell.network.tls import intercept
+from sandcell.network.tls.rewrite import HostRules
+from sandcell.network.tls.substitution import Substitution
 
 MAX_HEAD = 16_384
 # Meant for the proxy, not the origin: never forwarded.
@@ -43,6 +48,17 @@ async def handle(
     if not decision.allowed:
         await _answer(writer, 403, f"refused by the sandbox's egress policy: {decision.reason}")
         return
+    if (substitution := service.substitution) is not None:
+        if not tunnel:
+            refusal = await substitution.plain_refusal(sandbox_id, host, head)
+            if refusal is not None:
+                await _answer(writer, 403, f"refused: {refusal.reason}")
+                return
+        elif (rules := await substitution.rules_for(sandbox_id, host, port)).intercepts:
+            await _intercepted(
+                service, substitution, sandbox_id, rules, decision, port, rest, (reader, writer)
+            )
+            return
     try:
         upstream = await service.connect(decision, port)
     except Refused as exc:
@@ -54,6 +70,31 @@ async def handle(
         upstream[1].write(_origin_head(request, origin_form))
     upstream[1].write(rest)
     await service.pipe((reader, writer), upstream)
+
+
+async def _intercepted(
+    service: EgressService,
+    substitution: Substitution,
+    sandbox_id: str,
+    rules: HostRules,
+    decision: Decision,
+    port: int,
+    early: bytes,
+    cell: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """A CONNECT towards a host with secrets: the relay of `tls.intercept`, answered here."""
+    writer = cell[1]
+
+    async def established() -> None:
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+
+    async def failed(status: int, reason: str) -> None:
+        await _answer(writer, status, reason)
+
+    await intercept.relay(
+        service, substitution, sandbox_id, rules, decision, port, cell, established, failed, early
+    )
 
 
 async def refuse(
@@ -127,6 +168,7 @@ def _origin_head(request: h11.Request, target: bytes) -> bytes:
 PHRASES = {
     400: "Bad Request",
     403: "Forbidden",
+    501: "Not Implemented",
     429: "Too Many Requests",
     502: "Bad Gateway",
     503: "Service Unavailable",

@@ -1,0 +1,212 @@
+"""Where a placeholder may become its value, and the rewrites that do it.
+
+`HostRules` holds what one request towards one host may carry: the placeholders of the
+secrets that name the host (substituted in headers; in the query and body only where the
+secret opts in) and those of every other secret of the sandbox, current or deleted, which
+refuse the request. `Rewriter` applies such a table to a byte stream in chunks: a match split
+across two chunks is still found, because the last `len(longest) - 1` bytes of each chunk are
+held back until the next one (or the end) shows how they continue.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from sandcell.secrets.bindings import Decision, SecretBinding
+
+# What a placeholder looks like (SPEC §17): one the sandbox no longer has (a deleted secret,
+# or one from before a restart) is still recognised, and refused.
+SHAPE = re.compile(rb"sandcell-secret-([A-Za-z_][A-Za-z0-9_]*)-[A-Za-z0-9]+")
+
+
+class Refusal(Exception):
+    """A request that must not go out: `reason` is the proxy's 403 text."""
+
+    def __init__(self, secret: str, decision: Decision, reason: str) -> None:
+        super().__init__(reason)
+        self.secret = secret
+        self.decision = decision
+        self.reason = reason
+
+
+def names_host(hosts: Iterable[str], host: str, port: int) -> bool:
+    for entry in hosts:
+        if entry.startswith("*.") and host.endswith(entry[1:]):
+            return True
+        if entry in (host, f"{host}:{port}"):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A secret the sandbox had and lost (deleted): its placeholder is refused, not passed."""
+
+    name: str
+    placeholder: str
+    hosts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class HostRules:
+    host: str
+    own: tuple[SecretBinding, ...]  # the secrets that name the host
+    others: tuple[SecretBinding, ...]  # the sandbox's other secrets
+    gone: tuple[Gone, ...] = ()
+    was_named: bool = False  # a deleted secret named the host
+
+    @classmethod
+    def of(
+        cls, bindings: Iterable[SecretBinding], host: str, port: int, gone: Iterable[Gone] = ()
+    ) -> HostRules:
+        own: list[SecretBinding] = []
+        others: list[SecretBinding] = []
+        for binding in bindings:
+            (own if names_host(binding.hosts, host, port) else others).append(binding)
+        gone = tuple(gone)
+        was_named = any(names_host(g.hosts, host, port) for g in gone)
+        return cls(host, tuple(own), tuple(others), gone, was_named)
+
+    @property
+    def intercepts(self) -> bool:
+        """Whether connections to the host are terminated here: a secret names it, or did
+        (so its placeholder is refused after a deletion, not passed on in a tunnel)."""
+        return bool(self.own) or self.was_named
+
+    def refusal_elsewhere(self, secret: str) -> Refusal:
+        return Refusal(
+            secret,
+            "refused_host",
+            f"the placeholder of secret {secret!r} was sent towards {self.host}, "
+            "a host that secret does not name",
+        )
+
+    def refusal_place(self, secret: str, place: str) -> Refusal:
+        return Refusal(
+            secret,
+            "refused_place",
+            f"the placeholder of secret {secret!r} is in the request's {place} for {self.host}, "
+            f"and that secret is not allowed in the {place} (its `in` lacks {place!r})",
+        )
+
+    def refusal_gone(self, secret: str) -> Refusal:
+        return Refusal(
+            secret,
+            "deleted",
+            f"the placeholder of secret {secret!r} was sent towards {self.host}, "
+            "but the sandbox has no such secret (deleted?)",
+        )
+
+    def _check_strangers(self, data: bytes) -> None:
+        """Refuses the placeholders of secrets that are not the sandbox's (any more)."""
+        for binding in self.others:
+            if binding.placeholder.encode() in data:
+                raise self.refusal_elsewhere(binding.name)
+        known = {b.placeholder.encode() for b in self.own + self.others}
+        for match in SHAPE.finditer(data):
+            if match.group(0) not in known:
+                raise self.refusal_gone(match.group(1).decode())
+
+    def head(
+        self, target: bytes, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[bytes, list[tuple[bytes, bytes]], set[str]]:
+        """The request target and headers with placeholders substituted, and the names of
+        the secrets used; raises Refusal for a placeholder that must not go out."""
+        headers = list(headers)
+        used: set[str] = set()
+        self._check_strangers(target)
+        for _, value in headers:
+            self._check_strangers(value)
+        for binding in self.own:
+            placeholder, value = binding.placeholder.encode(), binding.value
+            if placeholder in target:
+                if "query" not in binding.where:
+                    raise self.refusal_place(binding.name, "query")
+                target = target.replace(placeholder, quote(value, safe="").encode())
+                used.add(binding.name)
+            for index, (name, field) in enumerate(headers):
+                if placeholder in field:
+                    headers[index] = (name, field.replace(placeholder, value))
+                    used.add(binding.name)
+        return target, headers, used
+
+    def body(self) -> Rewriter:
+        """A request body's rewrite: each placeholder to its value where its secret opts in
+        to the body; a refusal for any other."""
+        table: dict[bytes, bytes | Refusal] = {}
+        for binding in self.others:
+            table[binding.placeholder.encode()] = self.refusal_elsewhere(binding.name)
+        for gone in self.gone:
+            table[gone.placeholder.encode()] = self.refusal_gone(gone.name)
+        for binding in self.own:
+            placeholder = binding.placeholder.encode()
+            if "body" in binding.where:
+                table[placeholder] = binding.value
+            else:
+                table[placeholder] = self.refusal_place(binding.name, "body")
+        return Rewriter(table)
+
+    def echo(self) -> Rewriter:
+        """A response's rewrite: any secret's value back to its placeholder."""
+        return Rewriter({b.value: b.placeholder.encode() for b in self.own + self.others})
+
+    def echo_head(self, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        out = []
+        for name, value in headers:
+            for binding in self.own + self.others:
+                if binding.value and binding.value in value:
+                    value = value.replace(binding.value, binding.placeholder.encode())
+            out.append((name, value))
+        return out
+
+    def any_length_change(self) -> bool:
+        """Whether an echo replaced in a response body would change its length."""
+        return any(len(b.value) != len(b.placeholder) for b in self.own + self.others)
+
+
+class Rewriter:
+    """Replaces each key of `table` by its bytes in a stream fed in chunks; a key mapped to a
+    Refusal raises it. `used` collects the keys replaced."""
+
+    def __init__(self, table: dict[bytes, bytes | Refusal]) -> None:
+        self.table = {key: out for key, out in table.items() if key}
+        self.keep = max(map(len, self.table), default=1) - 1
+        self.held = b""
+        self.used: set[bytes] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.table)
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self.table:
+            return chunk
+        data = self.held + chunk if self.held else chunk
+        out: list[bytes] = []
+        pos = 0
+        while True:
+            found, key = -1, b""
+            for candidate in self.table:
+                index = data.find(candidate, pos)
+                if index >= 0 and (found < 0 or index < found):
+                    found, key = index, candidate
+            if found < 0:
+                break
+            replacement = self.table[key]
+            if isinstance(replacement, Refusal):
+                raise replacement
+            out.append(data[pos:found])
+            out.append(replacement)
+            self.used.add(key)
+            pos = found + len(key)
+        keep = min(len(data) - pos, self.keep)
+        out.append(data[pos : len(data) - keep])
+        self.held = data[len(data) - keep :]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The bytes held back, once the stream has ended (no match can complete now)."""
+        held, self.held = self.held, b""
+        return held
