@@ -28,6 +28,9 @@ from sandcell.network.egress import (
     owner_from_store,
     policy_from_store,
 )
+from sandcell.network.tls.authority import Authorities
+from sandcell.network.tls.substitution import Substitution, no_secrets, not_recorded
+from sandcell.network.tls.upstream import upstream_context
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
 from sandcell.router.cors import cross_origin
 from sandcell.router.network import PreviewHosts
@@ -54,7 +57,10 @@ async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Back
             max_connections_per_owner=settings.egress_max_connections_per_key,
         )
         egress = EgressService(
-            policy_from_store(store), owner_for=owner_from_store(store), limits=limits
+            policy_from_store(store),
+            owner_for=owner_from_store(store),
+            limits=limits,
+            substitution=substitution(settings),
         )
         try:
             yield LocalBackend(settings.cells_dir, egress=egress)
@@ -68,6 +74,17 @@ async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Back
         yield backend
     finally:
         await backend.aclose()
+
+
+def substitution(settings: Settings) -> Substitution:
+    """The secret-substituting proxy's parts (SPEC §17): CA bundles beside the cells, the
+    upstream checked against the host's CAs and `[server] upstream_ca_file`."""
+    return Substitution(
+        no_secrets,
+        not_recorded,
+        Authorities(settings.data_dir / "tls"),
+        upstream_context(settings.upstream_ca_file),
+    )
 
 
 KEEP_ALIVE_S = 75

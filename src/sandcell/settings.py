@@ -44,6 +44,7 @@ SERVER_KEYS = {
     "egress_max_connections",
     "egress_max_connections_per_key",
     "cors_origins",
+    "upstream_ca_file",
 }
 MIB = 1_048_576
 
@@ -84,6 +85,8 @@ class Settings:
     egress_max_connections: int = 0
     egress_max_connections_per_key: int = 0
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (E2B's JS SDK in a page)
+    # CAs the secret-substituting proxy trusts upstream beyond the host's store (SPEC §17)
+    upstream_ca_file: Path | None = None
 
     @property
     def cells_dir(self) -> Path:
@@ -128,6 +131,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
             server, "egress_max_connections_per_key", 0, 0, 1_000_000
         ),
         cors_origins=_origins(server),
+        upstream_ca_file=_upstream_ca_file(server, config),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
@@ -156,6 +160,23 @@ def _origins(server: dict[str, Any]) -> tuple[str, ...]:
                 "(scheme://host[:port], lower case, no path)"
             )
     return tuple(origins)
+
+
+def _upstream_ca_file(server: dict[str, Any], config: Path | None) -> Path | None:
+    """A PEM file of CAs, relative to the config file's directory; checked now, so a server
+    that could not verify its upstreams does not start."""
+    value = server.get("upstream_ca_file")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError("[server] upstream_ca_file must be the path of a PEM file of CAs")
+    from sandcell.network.tls.upstream import UpstreamCAError, check_ca_file
+
+    path = Path(value) if config is None else config.parent / value
+    try:
+        return check_ca_file(path)
+    except UpstreamCAError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _int(table: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
