@@ -231,3 +231,9 @@ def test_a_none_default_becomes_an_allow_list(alice: httpx.Client) -> None:
     assert r.json()["network"] == {"egress": "allowlist", "allow": ["api.openai.com"], "deny": []}
     assert alice.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
     assert alice.delete("/v1/secrets/OPENS").status_code == 204
+
+
+def test_localhost_is_the_one_dotless_name(alice: httpx.Client) -> None:
+    r = alice.post("/v1/secrets", json=_secret("LOCAL", hosts=["LocalHost:8443"]))
+    assert r.status_code == 201 and r.json()["hosts"] == ["localhost:8443"], r.text
+    assert alice.delete("/v1/secrets/LOCAL").status_code == 204
