@@ -12,6 +12,7 @@ import struct
 
 from sandcell.network.egress import EgressService, Refused
 from sandcell.network.policy import canonical_host
+from sandcell.network.tls import intercept
 
 VERSION = 5
 NO_AUTH, NO_ACCEPTABLE = 0x00, 0xFF
@@ -50,6 +51,27 @@ async def handle(
         writer.write(reply(NOT_ALLOWED))
         await writer.drain()
         return
+    substitution = service.substitution
+    if substitution is not None:
+        rules = await substitution.rules_for(sandbox_id, host, port)
+        if rules.intercepts:  # a host with secrets: the relay of SPEC §17, as over HTTP
+
+            async def answer(code: int) -> None:
+                writer.write(reply(code))
+                await writer.drain()
+
+            await intercept.relay(
+                service,
+                substitution,
+                sandbox_id,
+                rules,
+                decision,
+                port,
+                (reader, writer),
+                lambda: answer(SUCCEEDED),
+                lambda _status, _reason: answer(HOST_UNREACHABLE),
+            )
+            return
     try:
         upstream = await service.connect(decision, port)
     except Refused:

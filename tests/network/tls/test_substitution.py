@@ -342,3 +342,15 @@ async def test_node_trusts_the_bundle_through_node_extra_ca_certs(secrets, api):
     assert upstream.seen.requests[-1]["headers"]["x-key"] == VALUE.decode()
     # Without the bundle Node refuses the sandbox's leaf: the CA is what it trusts.
     assert b"ERROR" in await node({"PATH": "/usr/bin"})
+
+
+async def test_socks5_connections_are_substituted_too(secrets, api):
+    upstream, _ = api
+    code, out, err = await curl(
+        "--proxy", f"socks5h://127.0.0.1:{secrets.socks['sbx-a']}",
+        "--cacert", str(secrets.bundle()), "-H", f"x-key: {PLACEHOLDER}",
+        f"https://api.test:{upstream.port}/socks",
+    )  # fmt: skip
+    assert code == 0, err
+    assert VALUE not in out and PLACEHOLDER.encode() in out
+    assert upstream.seen.requests[-1]["headers"]["x-key"] == VALUE.decode()
