@@ -130,3 +130,28 @@ def test_a_fork_gets_placeholders_of_its_own(server: RunningServer, config: Clie
             (binding,) = _bindings(server, child.id)
             assert binding.placeholder == mine[0] and binding.value == VALUE.encode()
             assert _bindings(server, parent.id)[0].placeholder == theirs
+
+
+def test_placeholders_survive_a_restart(tmp_path) -> None:
+    data = tmp_path / "data"
+    first = start_server(data, config_text=CONFIG)
+    try:
+        key = first.create_key("carol")
+        with first.client(key) as c:
+            body = {"name": "GH_TOKEN", "value": VALUE, "hosts": ["api.github.com"]}
+            assert c.post("/v1/secrets", json=body).status_code == 201
+            sandbox_id = c.post("/v1/sandboxes", json={"secrets": ["GH_TOKEN"]}).json()["id"]
+        before = _bindings(first, sandbox_id)
+    finally:
+        first.stop()  # the sandbox keeps running, for the next start to adopt
+    second = start_server(data, config_text=CONFIG)
+    try:
+        with second.client(key) as c:
+            run = {"command": "printenv GH_TOKEN", "timeout_s": 20}
+            r = c.post(f"/v1/sandboxes/{sandbox_id}/exec", json=run)
+            assert r.status_code == 200, r.text
+            assert r.json()["stdout"].strip() == before[0].placeholder
+            assert _bindings(second, sandbox_id) == before
+            c.delete(f"/v1/sandboxes/{sandbox_id}")
+    finally:
+        second.stop()
