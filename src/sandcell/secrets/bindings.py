@@ -27,8 +27,11 @@ class SecretBinding:
 
 
 # The sandbox's bindings now: looked up per connection, so a rotation or a deletion applies to
-# the next connection of a live sandbox.
+# the next connection of a live sandbox. The store's: `secrets.lookup.bindings_from_store(store)`
+# (a deleted secret is absent; `hosts` are bare names: a secret's `host:port` entry is enforced
+# by the sandbox's allow list, which the create joined it to).
 BindingsLookup = Callable[[str], Awaitable[tuple[SecretBinding, ...]]]
 # Every substitution and refusal: counted (`sandcell_secret_uses_total{secret,decision}`) and
-# recorded for the audit trail (§20).
+# recorded for the audit trail (§20). The room's: `secrets.metrics.SecretUses()`, registered on
+# the router's registry with `.register(router.metrics.registry)`.
 UseRecorder = Callable[[str, str, str, Decision], None]  # sandbox id, secret, host, decision
