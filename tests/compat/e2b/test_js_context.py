@@ -48,6 +48,8 @@ def test_state_is_kept_across_runs_and_console_log_is_stdout(sbx: Sandbox) -> No
     assert sbx.run_code("({ total, kind: typeof add })", context=ctx).text == (
         "{ total: 42, kind: 'function' }"
     )
+    sbx.files.write("/home/user/greet.js", "module.exports = (who) => `hello ${who}`")
+    assert sbx.run_code("require('./greet.js')('node')", context=ctx).text == "'hello node'"
     assert ctx.id in [c.id for c in sbx.list_code_contexts()]
     sbx.restart_code_context(ctx)
     gone = sbx.run_code("total", context=ctx)
