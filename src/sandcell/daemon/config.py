@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.cellapi.layout import SCRATCH
 from sandcell.tokens import PublicKey, load_public_key
 
 DEFAULT_WORKSPACE = "/workspace"
@@ -33,6 +34,7 @@ class DaemonConfig:
     landlock: bool
     deny_tcp: bool
     code_python: str = sys.executable
+    scratch: str = SCRATCH  # the cell's /tmp, which the cell-wide file table also reaches
 
 
 def _parser() -> argparse.ArgumentParser:

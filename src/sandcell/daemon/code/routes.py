@@ -31,7 +31,7 @@ async def run_code(request: Request) -> Response:
     env = req.env or {}
     validate_env(env)
     language = req.language or ("python" if req.context_id is None else None)
-    context = d.contexts.for_run(language, req.context_id, d.workspace.root)
+    context = d.contexts.for_run(language, req.context_id, d.home())
     frame = context.frame(req.code, env)
     await context.prepare()  # a context that cannot start is a 4xx, before any streaming
 
@@ -49,7 +49,7 @@ async def create_context(request: Request) -> Response:
     d = _daemon(request)
     req = json_of(request, schemas.CodeContextRequest)
     language = d.contexts.language(req.language)  # an unknown language is a 400 first
-    context = d.contexts.create(language.name, d.workspace.directory(req.cwd))
+    context = d.contexts.create(language.name, d.directory(req.cwd))
     return JSONResponse(context.view(), status_code=201)
 
 

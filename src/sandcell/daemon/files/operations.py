@@ -1,4 +1,4 @@
-"""File operations on the confined workspace: entries, listing, streamed reads and writes."""
+"""File operations on confined places: entries, listing, streamed reads and writes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Literal, TypedDict
 
+from sandcell.daemon.files.places import Places
 from sandcell.daemon.files.workspace import Workspace, fs_error
 from sandcell.errors import ErrorCode, ServiceError
 
@@ -146,38 +147,42 @@ def set_metadata(fd: int, rel: str, metadata: dict[str, str]) -> None:
 
 
 class Files:
-    def __init__(self, workspace: Workspace, max_upload_bytes: int) -> None:
-        self.ws = workspace
+    """The file operations on `places`: the workspace alone for /v1 (SPEC §2.4), the
+    workspace and the cell's /tmp for the cell-wide table (§14.2)."""
+
+    def __init__(self, places: Places, max_upload_bytes: int) -> None:
+        self.places = places
         self.max_upload_bytes = max_upload_bytes
 
     def stat(self, path: str) -> EntryRecord:
-        rel = self.ws.relative(path)
+        ws, rel = self.places.resolve(path)
+        shown = self.places.shown(ws, rel)
         if rel == ".":
-            return make_entry(rel, os.stat(self.ws.root_fd), self.ws.root_fd)
-        with self.ws.parent(rel) as (dir_fd, name):
+            return make_entry(shown, os.stat(ws.root_fd), ws.root_fd)
+        with ws.parent(rel) as (dir_fd, name):
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                return make_entry(rel, st, dir_fd, name)
+                return make_entry(shown, st, dir_fd, name)
             except OSError as exc:
-                raise fs_error(exc, rel) from exc
+                raise fs_error(exc, shown, ws.place) from exc
 
     def list(self, path: str, depth: int) -> EntryRecords:
         if not 1 <= depth <= MAX_LIST_DEPTH:
             raise ServiceError(
                 ErrorCode.BAD_REQUEST, f"depth must be between 1 and {MAX_LIST_DEPTH}"
             )
-        rel = self.ws.relative(path)
+        ws, rel = self.places.resolve(path)
         entries: EntryRecords = []
-        self._list_into(rel, depth, entries)
+        self._list_into(ws, rel, depth, entries)
         return entries
 
-    def _list_into(self, rel: str, depth: int, out: EntryRecords) -> None:
-        with self.ws.fd(rel, os.O_RDONLY | os.O_DIRECTORY) as dir_fd:
+    def _list_into(self, ws: Workspace, rel: str, depth: int, out: EntryRecords) -> None:
+        with ws.fd(rel, os.O_RDONLY | os.O_DIRECTORY) as dir_fd:
             try:
                 children = sorted(os.scandir(dir_fd), key=lambda e: e.name)
                 stats = [(e.name, e.stat(follow_symlinks=False)) for e in children]
             except OSError as exc:
-                raise fs_error(exc, rel) from exc
+                raise fs_error(exc, rel, ws.place) from exc
             entries: list[tuple[str, os.stat_result, EntryRecord]] = []
             for name, st in stats:
                 if len(out) + len(entries) >= MAX_LIST_ENTRIES:
@@ -186,32 +191,39 @@ class Files:
                         f"more than {MAX_LIST_ENTRIES} entries; list with a smaller depth",
                     )
                 child = name if rel == "." else f"{rel}/{name}"
-                entries.append((child, st, make_entry(child, st, dir_fd, name)))
+                shown = self.places.shown(ws, child)
+                entries.append((child, st, make_entry(shown, st, dir_fd, name)))
         for child, st, entry in entries:
             out.append(entry)
             if depth > 1 and stat.S_ISDIR(st.st_mode):
-                self._list_into(child, depth - 1, out)
+                self._list_into(ws, child, depth - 1, out)
 
     def mkdir(self, path: str, parents: bool) -> EntryRecord:
-        rel = self.ws.relative(path)
+        ws, rel = self.places.resolve(path)
         if parents:
-            self.ws.makedirs(rel)
+            ws.makedirs(rel)
         else:
-            with self.ws.parent(rel) as (dir_fd, name):
+            with ws.parent(rel) as (dir_fd, name):
                 try:
                     os.mkdir(name, 0o755, dir_fd=dir_fd)
                 except OSError as exc:
-                    raise fs_error(exc, rel) from exc
-        return self.stat(rel)
+                    raise fs_error(exc, rel, ws.place) from exc
+        return self.stat(self.places.shown(ws, rel))
 
     def move(self, src: str, dst: str, overwrite: bool) -> EntryRecord:
-        src_rel, dst_rel = self.ws.relative(src), self.ws.relative(dst)
-        self.ws.rename(src_rel, dst_rel, overwrite)
-        return self.stat(dst_rel)
+        (src_ws, src_rel), (dst_ws, dst_rel) = self.places.resolve(src), self.places.resolve(dst)
+        if src_ws is not dst_ws:  # two filesystems: a rename cannot cross them
+            raise ServiceError(
+                ErrorCode.BAD_REQUEST,
+                f"{src} cannot be moved to {dst}: a move stays within {src_ws.place}",
+                {"path": dst},
+            )
+        src_ws.rename(src_rel, dst_rel, overwrite)
+        return self.stat(self.places.shown(dst_ws, dst_rel))
 
     def remove(self, path: str, recursive: bool) -> None:
-        rel = self.ws.relative(path)
-        with self.ws.parent(rel) as (dir_fd, name):
+        ws, rel = self.places.resolve(path)
+        with ws.parent(rel) as (dir_fd, name):
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if not stat.S_ISDIR(st.st_mode):
@@ -222,13 +234,13 @@ class Files:
                 else:
                     os.rmdir(name, dir_fd=dir_fd)
             except OSError as exc:
-                raise fs_error(exc, rel) from exc
+                raise fs_error(exc, rel, ws.place) from exc
 
     def open_for_read(self, path: str) -> tuple[int, int]:
-        """An fd of a regular file beneath the workspace and its size: all that an HTTP
-        layer able to `os.sendfile` needs (it then closes the fd); `iter_fd` otherwise."""
-        rel = self.ws.relative(path)
-        fd = self.ws.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+        """An fd of a regular file beneath its place and its size: all that an HTTP layer
+        able to `os.sendfile` needs (it then closes the fd); `iter_fd` otherwise."""
+        ws, rel = self.places.resolve(path)
+        fd = ws.open(rel, os.O_RDONLY | os.O_NONBLOCK)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
@@ -257,14 +269,14 @@ class Files:
         `before_commit` runs once the body is complete (the request-token body check), so a
         rejected upload never replaces the target.
         """
-        rel = self.ws.relative(path)
+        ws, rel = self.places.resolve(path)
         if declared_size is not None and declared_size > self.max_upload_bytes:
             raise self._too_large(rel)
         head = posixpath.dirname(rel)
         if head:
-            self.ws.makedirs(head)
-        self._refuse_outward_link(rel)
-        with self.ws.parent(rel) as (dir_fd, name):
+            ws.makedirs(head)
+        _refuse_outward_link(ws, rel)
+        with ws.parent(rel) as (dir_fd, name):
             tmp = f".{name}.sandcell-upload-{secrets.token_hex(6)}"
             try:
                 fd = os.open(
@@ -274,7 +286,7 @@ class Files:
                     dir_fd=dir_fd,
                 )
             except OSError as exc:
-                raise fs_error(exc, rel) from exc
+                raise fs_error(exc, rel, ws.place) from exc
             try:
                 await self._copy_bounded(fd, chunks, rel)
                 if metadata:
@@ -287,15 +299,7 @@ class Files:
                 raise
             finally:
                 os.close(fd)
-        return self.stat(rel)
-
-    def _refuse_outward_link(self, rel: str) -> None:
-        """The rename would replace a symlink, not follow it; still, one pointing out is a 403."""
-        try:
-            os.close(self.ws.open(rel, os.O_PATH))
-        except ServiceError as exc:
-            if exc.code is not ErrorCode.FILE_NOT_FOUND:
-                raise
+        return self.stat(self.places.shown(ws, rel))
 
     async def _copy_bounded(self, fd: int, chunks: AsyncIterable[bytes], rel: str) -> None:
         written = 0
@@ -316,6 +320,15 @@ class Files:
             f"{rel}: upload exceeds the disk quota of {self.max_upload_bytes} bytes",
             {"path": rel, "limit_bytes": self.max_upload_bytes},
         )
+
+
+def _refuse_outward_link(ws: Workspace, rel: str) -> None:
+    """The rename would replace a symlink, not follow it; still, one pointing out is a 403."""
+    try:
+        os.close(ws.open(rel, os.O_PATH))
+    except ServiceError as exc:
+        if exc.code is not ErrorCode.FILE_NOT_FOUND:
+            raise
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:

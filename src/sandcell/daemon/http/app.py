@@ -16,13 +16,15 @@ from starlette.websockets import WebSocket
 from sandcell import __version__
 from sandcell.cellapi import schemas
 from sandcell.cellapi.environment import build_env, validate_env
+from sandcell.cellapi.layout import WORKSPACE_ALIASES
 from sandcell.daemon.code.contexts import Contexts
 from sandcell.daemon.code.routes import CODE_OPERATIONS
 from sandcell.daemon.config import DaemonConfig
 from sandcell.daemon.exec.routes import EXEC_OPERATIONS
 from sandcell.daemon.exec.runner import CommandSpec, Runner
 from sandcell.daemon.files.operations import Files
-from sandcell.daemon.files.routes import FILE_OPERATIONS
+from sandcell.daemon.files.places import Places
+from sandcell.daemon.files.routes import CELL_FILE_OPERATIONS, FILE_OPERATIONS
 from sandcell.daemon.files.workspace import Workspace
 from sandcell.daemon.http.auth import Guard
 from sandcell.daemon.http.table import (
@@ -46,14 +48,28 @@ class Daemon:
     def __init__(self, config: DaemonConfig, environ: dict[str, str]) -> None:
         self.config = config
         self.guard = Guard(config.sandbox_id, config.bootstrap_key)
-        self.workspace = Workspace(config.workspace)
-        self.files = Files(self.workspace, config.disk_quota_bytes)
+        self.workspace = Workspace(config.workspace, WORKSPACE_ALIASES)
+        self.files: Files = Files(Places(self.workspace), config.disk_quota_bytes)
+        scratch = Workspace(config.scratch, place=config.scratch)
+        self.cell_files: Files = Files(Places(self.workspace, scratch), config.disk_quota_bytes)
         self.runner = Runner()
         self.processes = ProcessTable(self.runner)
         self.contexts = Contexts(config.code_python, lambda: self.command_env(None), self.runner)
         self.started = time.monotonic()
         # A snapshot: commands read the allow-listed names from it, never os.environ itself.
         self._environ = dict(environ)
+
+    def home(self) -> str:
+        """Where commands and code contexts start unless told: the sandbox's $HOME (its
+        default env) when that names the workspace (E2B's sandboxes set /home/user, SPEC
+        §14.2), else the workspace's own path."""
+        home = self.guard.default_env.get("HOME", "")
+        return home if home in self.workspace.names else self.workspace.root
+
+    def directory(self, path: str | None) -> str:
+        """An existing directory of the workspace as a working directory; a relative one is
+        taken from `home()`, an absolute one keeps the name it was given."""
+        return self.workspace.directory(path or ".", self.home())
 
     def command_env(self, request: dict[str, str] | None) -> dict[str, str]:
         """The environment of a process of the user: the allow-list, never os.environ."""
@@ -69,7 +85,7 @@ class Daemon:
         """A command's working directory (checked beneath the workspace) and environment."""
         if req.env:
             validate_env(req.env)
-        return self.workspace.directory(req.cwd or "."), self.command_env(req.env)
+        return self.directory(req.cwd), self.command_env(req.env)
 
     def command_spec(self, req: schemas.ExecRequest) -> CommandSpec:
         cwd, env = self.command_place(req)
@@ -178,6 +194,7 @@ OPERATIONS = (
     ),
     *EXEC_OPERATIONS,
     *FILE_OPERATIONS,
+    *CELL_FILE_OPERATIONS,
     *process_routes.OPERATIONS,
     Operation("GET", "/openapi.json", openapi_document, "This document", secured=False),
     *CODE_OPERATIONS,
