@@ -174,7 +174,7 @@ def test_host_secret_files_are_not_readable(cell: Cell, tmp_path: Path) -> None:
         "/root",
         "/root/.ssh",
         "/root/.bash_history",
-        "/home",
+        *(f"/home/{name}" for name in sorted(os.listdir("/home")) if name != "user"),
         "/var",
         "/sys",
         "/proc/kcore",
@@ -197,8 +197,11 @@ def test_host_secret_files_are_not_readable(cell: Cell, tmp_path: Path) -> None:
     assert all(v.startswith("error ") for v in result.values()), result
     assert result["/etc/shadow"] == f"error {errno.ENOENT}"
     assert result["/root"] == f"error {errno.ENOENT}"
-    r = cell.sh("cat /etc/shadow; ls -a /root; ls /home")
+    r = cell.sh("cat /etc/shadow; ls -a /root")
     assert r["exit_code"] != 0 and r["stdout"] == ""
+    # /home is the cell's own: E2B's name of the workspace (cellapi.layout), none of the host's.
+    home = cell.sh("ls -A /home; stat -c %d:%i /home/user /workspace")["stdout"].split()
+    assert home[0] == "user" and len(home) == 3 and home[1] == home[2], home
     # The cell's users are its own: none of the host's accounts.
     passwd = cell.run("cat /etc/passwd")["stdout"]
     assert {line.split(":")[0] for line in passwd.splitlines()} <= {"root", "sandbox", "nobody"}

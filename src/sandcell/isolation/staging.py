@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandcell.cellapi.layout import WORKSPACE_ALIASES
 from sandcell.isolation.bwrap import (
     CELL_UID,
     CELL_WORKSPACE,
@@ -39,6 +40,11 @@ from sandcell.isolation.bwrap import (
 from sandcell.isolation.images import stage as image_stage
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
+
+# sandcell's own commands for cells (a `sudo` that says why there is none), in the package
+# as its sources are bound into the cell, and where they go on the cell's PATH.
+CELL_BIN = "sandcell/isolation/cellbin"
+CELL_BIN_DIR = "/usr/local/bin"
 
 STAGE = "/run/sandcell-stage"
 _EMPTY_LAYER = f"{STAGE}/empty"  # overlayfs wants two lower layers when it has no upper one
@@ -96,7 +102,10 @@ class CellRoot:
         """bwrap's arguments for the read-only system; `image_root` as bwrap reaches it."""
         if not self.image_root:
             return host_system({p: os.readlink(p) for p in SYSTEM_LINKS if os.path.islink(p)})
-        return image_stage.root_args(image_root, sorted(os.listdir(self.image_root)))
+        entries = sorted(os.listdir(self.image_root))
+        home = os.path.join(self.image_root, "home")
+        listed = sorted(os.listdir(home)) if os.path.isdir(home) else []
+        return image_stage.root_args(image_root, entries, listed)
 
 
 def cell_binds(
@@ -104,16 +113,45 @@ def cell_binds(
 ) -> tuple[list[str], list[Bind], str]:
     """The launcher's staging lines, bwrap's binds into the cell, and where bwrap finds
     the image's root (staged like the binds, never bound whole: `root.system` binds its
-    entries). Not `staged` (an unprivileged launch), bwrap binds the host's paths."""
+    entries). Not `staged` (an unprivileged launch), bwrap binds the host's paths. The
+    workspace is bound at its other names too (cellapi.layout), from the same source."""
     wanted = [Bind(str(cell_dir / "workspace"), CELL_WORKSPACE, writable=True), *root.binds]
     if root.image_root:
         wanted.append(Bind(root.image_root, ""))
+    lines, binds = stage(wanted) if staged else ([], list(wanted))
+    bin_lines, bin_binds = _cell_bin(root, binds, staged)
+    image_root = binds.pop().source if root.image_root else ""
+    binds += [Bind(binds[0].source, alias, writable=True) for alias in WORKSPACE_ALIASES]
+    return lines + bin_lines, binds + bin_binds, image_root
+
+
+def _cell_bin(root: CellRoot, binds: list[Bind], staged: bool) -> tuple[list[str], list[Bind]]:
+    """sandcell's commands for cells (isolation/cellbin: a `sudo` that says why there is
+    none) in /usr/local/bin, on every PATH (the fixed one, and a login shell's from
+    /etc/profile): staged, a read-only overlay over the root's own entries, from the stage's
+    lower layers (no host path in its options); unprivileged (no overlay), bound only where
+    the root's directory is empty, so nothing of it is hidden. `binds` are `cell_binds`'s,
+    the image's root last."""
+    base = os.path.realpath(root.image_root or "/")
+    theirs = os.path.join(base, CELL_BIN_DIR.lstrip("/"))
+    if os.path.realpath(theirs) != theirs or not os.path.isdir(theirs):
+        return [], []  # none, or a link that would lead the stage elsewhere
+    package = next(i for i, b in enumerate(binds) if b.dest in (CELL_SRC, image_stage.SRC))
     if not staged:
-        return [], wanted[: len(wanted) - bool(root.image_root)], root.image_root
-    lines, binds = stage(wanted)
-    if not root.image_root:
-        return lines, binds, ""
-    return lines, binds[:-1], binds[-1].source
+        if os.listdir(theirs):
+            return [], []
+        return [], [Bind(f"{binds[package].source}/{CELL_BIN}", CELL_BIN_DIR)]
+    if root.image_root:
+        theirs = f"{_lower(len(binds) - 1)}{CELL_BIN_DIR}"
+    merged = f"{STAGE}/cellbin"
+    lower = f"{_lower(package)}/{CELL_BIN}:{theirs}"
+    line = f"mkdir {merged} && mount -t overlay sandcell -o ro,lowerdir={lower} {merged}"
+    return [line], [Bind(merged, CELL_BIN_DIR)]
+
+
+def _lower(index: int) -> str:
+    """Where `stage` binds the source of its `index`th read-only bind."""
+    return f"{STAGE}/lower{index}"
 
 
 def stage(wanted: Sequence[Bind]) -> tuple[list[str], list[Bind]]:
@@ -129,7 +167,7 @@ def stage(wanted: Sequence[Bind]) -> tuple[list[str], list[Bind]]:
         if bind.writable:
             lines.append(f"mkdir {staged} && mount --bind {q(bind.source)} {staged}")
         else:
-            lower = f"{STAGE}/lower{index}"
+            lower = _lower(index)
             lines.append(
                 f"mkdir {lower} {staged} && mount --bind {q(bind.source)} {lower}"
                 f" && mount -t overlay sandcell -o ro,lowerdir={lower}:{_EMPTY_LAYER} {staged}"

@@ -13,12 +13,14 @@ variables that commands would inherit (PYTHONHOME, LD_LIBRARY_PATH are on the al
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import sandcell
+from sandcell.cellapi.layout import WORKSPACE_ALIASES
 from sandcell.isolation.bwrap import Bind
 
 RUNTIME_DIR = "/.sandcell"
@@ -28,6 +30,8 @@ PYTHON = f"{VENV}/bin/python3"
 SRC = f"{RUNTIME_DIR}/src"
 # Provided by the cell itself, whatever the image has there.
 OWN_ENTRIES = frozenset({"proc", "dev", "tmp", "workspace", "run", RUNTIME_DIR.lstrip("/")})
+# /home/<these> are the workspace's names (cellapi.layout), not the image's.
+_HOME_OWN = frozenset(posixpath.basename(a) for a in WORKSPACE_ALIASES if a.startswith("/home/"))
 # The image's own filesystem's, not the image's (mkfs.ext4 makes it).
 HIDDEN_ENTRIES = frozenset({"lost+found"})
 
@@ -77,17 +81,34 @@ def host_python() -> list[str]:
     return [loader, "--library-path", _inside(libdir), _inside(Path(sys.executable))]
 
 
-def root_args(image_root: str, entries: list[str] | None = None) -> list[str]:
-    """bwrap arguments that build / from the image's top-level entries, read-only."""
+def root_args(
+    image_root: str, entries: list[str] | None = None, home: list[str] | None = None
+) -> list[str]:
+    """bwrap arguments that build / from the image's top-level entries, read-only. /home is
+    built from its entries (`home`, listed where the caller can list the image), bar the
+    workspace's names there (cellapi.layout: /home/user is the workspace's mount point,
+    which a read-only /home could not take)."""
     args: list[str] = []
     for name in entries if entries is not None else sorted(os.listdir(image_root)):
         if name in OWN_ENTRIES or name in HIDDEN_ENTRIES:
             continue
         path = os.path.join(image_root, name)
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), f"/{name}"]
+        if name == "home" and not os.path.islink(path):
+            listed = home if home is not None else sorted(os.listdir(path))
+            args += _entries_args(path, "/home", [n for n in listed if n not in _HOME_OWN])
         else:
-            args += ["--ro-bind", path, f"/{name}"]
+            args += _entries_args(image_root, "", [name])
+    return args
+
+
+def _entries_args(source: str, dest: str, names: list[str]) -> list[str]:
+    args: list[str] = []
+    for name in names:
+        path = os.path.join(source, name)
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), f"{dest}/{name}"]
+        else:
+            args += ["--ro-bind", path, f"{dest}/{name}"]
     return args
 
 
