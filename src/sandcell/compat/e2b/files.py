@@ -12,18 +12,17 @@ import json
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from sandcell.compat.e2b import cellfiles
 from sandcell.compat.e2b.envd.filesystem import METADATA_PREFIX, e2b_metadata
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.compat.e2b.paths import to_e2b, to_workspace
+from sandcell.compat.e2b.paths import to_cell, to_e2b
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import declared_length, stream_body, too_large
 from sandcell.http.multipart import FormLimits, FormReader, drain
-from sandcell.router.core import Call
 from sandcell.store import SandboxRecord
 
 METADATA_HEADER = "x-metadata-"
@@ -36,8 +35,8 @@ FORM = FormLimits(max_parts=1_000)
 
 
 async def download(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
-    path = to_workspace(request.query_params.get("path"))
-    response = await gateway.daemon(record, "GET", "files", query={"path": path})
+    path = to_cell(request.query_params.get("path"))
+    response = await cellfiles.send(gateway, record, "GET", query={"path": path})
     return StreamingResponse(response.chunks(), media_type="application/octet-stream")
 
 
@@ -72,16 +71,14 @@ async def _put(
     metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One file written from `chunks` as they come (chunked to the daemon unless `length`
-    is known); sent as a streamed `Call` through the router core, which `Gateway.daemon`
-    offers only for a whole request's body."""
+    is known), at the workspace or the cell's /tmp (cellfiles)."""
     if not path:
         raise ServiceError(ErrorCode.BAD_REQUEST, "each uploaded file needs a path")
-    query = {"path": to_workspace(path)}
+    query = {"path": to_cell(path)}
     if metadata:
         query["metadata"] = json.dumps({METADATA_PREFIX + k: v for k, v in metadata.items()})
-    target = "/v1/files?" + urlencode(query)
-    call = Call("PUT", target, [], None, chunks, length)
-    entry = await (await gateway.router.send(record, call)).json()
+    answer = await cellfiles.send(gateway, record, "PUT", query=query, stream=chunks, length=length)
+    entry = await answer.json()
     written: dict[str, Any] = {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
     kept = e2b_metadata(entry)
     if kept:

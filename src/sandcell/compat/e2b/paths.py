@@ -1,25 +1,33 @@
-"""E2B's paths and sandcell's workspace: `/home/user` (E2B's home) is the workspace.
+"""E2B's paths and the cell's places: `/home/user` (E2B's home) is the workspace.
 
-Inside the cell the workspace is `/workspace` (and `$HOME`): commands see it there, so that
-path is accepted too, for callers that learnt it from a command (`pwd`). A relative path is
-relative to the workspace, as in sandcell. Any other absolute path is refused here; the daemon
-confines what is left (dot segments, symlinks) on its own.
+Every cell has the workspace at `/home/user` as well as `/workspace` (cellapi.layout), and a
+sandbox made through the façade has `HOME=/home/user`, so commands start there and both names
+work everywhere. A relative path is relative to the workspace, as in sandcell.
+
+`to_workspace` gives the workspace-relative path of a command's or a context's directory
+(elsewhere: FORBIDDEN, which the process service enters with a shell). `to_cell` gives the
+path the daemon's cell-wide file table takes (`/cell/files`): workspace-relative, or absolute
+under the cell's private /tmp, which E2B's files API reaches too (SPEC §14.2). Anything else
+is refused here; the daemon confines what is left (dot segments, symlinks) on its own, in
+each place.
 """
 
 from __future__ import annotations
 
 import posixpath
 
+from sandcell.cellapi.layout import SCRATCH, WORKSPACE, WORKSPACE_ALIASES
 from sandcell.errors import ErrorCode, ServiceError
 
-HOME = "/home/user"
-CELL_WORKSPACE = "/workspace"
+HOME = WORKSPACE_ALIASES[0]
+CELL_WORKSPACE = WORKSPACE
+# The E2B sandbox's own environment: where its commands and contexts start (the daemon
+# starts them in $HOME when that names the workspace).
+SANDBOX_ENV = {"HOME": HOME}
 
 
-def to_workspace(path: object) -> str:
-    """The workspace-relative path for an E2B path ("." for the home itself)."""
-    if path is None or path == "":
-        return "."
+def _absolute(path: object) -> str | None:
+    """`path` normalised when absolute (`~` is the home), None for a relative one."""
     if not isinstance(path, str):
         raise ServiceError(ErrorCode.BAD_REQUEST, "a path must be a string")
     if "\x00" in path:
@@ -27,19 +35,52 @@ def to_workspace(path: object) -> str:
     if path.startswith("~"):
         path = HOME + path[1:]
     if not path.startswith("/"):
+        return None
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def _beneath(normal: str, root: str) -> str | None:
+    if normal == root:
+        return "."
+    return normal[len(root) + 1 :] if normal.startswith(root + "/") else None
+
+
+def to_workspace(path: object) -> str:
+    """The workspace-relative path for an E2B path ("." for the home itself)."""
+    if path is None or path == "":
+        return "."
+    normal = _absolute(path)
+    if normal is None:
+        assert isinstance(path, str)
         return path
-    normal = posixpath.normpath(path)
     for root in (HOME, CELL_WORKSPACE):
-        if normal == root:
-            return "."
-        if normal.startswith(root + "/"):
-            return normal[len(root) + 1 :]
+        if (relative := _beneath(normal, root)) is not None:
+            return relative
     raise ServiceError(
-        ErrorCode.FORBIDDEN, f"{path} is outside {HOME}, the only directory a sandbox has"
+        ErrorCode.FORBIDDEN, f"{path} is outside {HOME}, the sandbox's home and workspace"
     )
 
 
-def to_e2b(relative: str) -> str:
-    """E2B's absolute path for a workspace-relative one."""
-    relative = relative.strip("/")
+def to_cell(path: object) -> str:
+    """The cell-wide file table's path for an E2B path: workspace-relative, or absolute in
+    the cell's /tmp."""
+    if path is None or path == "":
+        return "."
+    normal = _absolute(path)
+    if normal is not None and _beneath(normal, SCRATCH) is not None:
+        return normal
+    try:
+        return to_workspace(path)
+    except ServiceError:
+        raise ServiceError(
+            ErrorCode.FORBIDDEN,
+            f"{path} is outside {HOME} and {SCRATCH}, the places a sandbox's files API reaches",
+        ) from None
+
+
+def to_e2b(path: str) -> str:
+    """E2B's absolute path for an entry's path: workspace-relative, or absolute (/tmp)."""
+    if path.startswith("/"):
+        return path
+    relative = path.strip("/")
     return HOME if relative in ("", ".") else f"{HOME}/{relative}"

@@ -27,6 +27,7 @@ from sandcell.compat.e2b.control.metrics import Samples
 from sandcell.compat.e2b.control.network import _network, _within_max
 from sandcell.compat.e2b.control.snapshots import SNAPSHOT
 from sandcell.compat.e2b.gateway import Gateway
+from sandcell.compat.e2b.paths import SANDBOX_ENV
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model
 from sandcell.router import persistence, schemas
@@ -69,7 +70,7 @@ async def create(gateway: Gateway, principal: Principal, request: Request) -> Re
     create: dict[str, Any] = {
         "template": template,
         **({"snapshot": snapshot.id} if snapshot else {}),
-        "env": body.get("envVars") or {},
+        "env": {**SANDBOX_ENV, **(body.get("envVars") or {})},  # HOME: /home/user (§14.2)
         "metadata": body.get("metadata") or {},
         **_lifecycle(body),
     }

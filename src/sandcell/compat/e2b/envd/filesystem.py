@@ -1,4 +1,5 @@
-"""envd's `filesystem.Filesystem` service on sandcell's /v1/files routes (SPEC §2.4)."""
+"""envd's `filesystem.Filesystem` service on the daemon's cell-wide file table (SPEC §2.4,
+§14.2: the workspace at /home/user, and the cell's /tmp)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import json
 import stat
 from typing import Any
 
+from sandcell.compat.e2b import cellfiles
 from sandcell.compat.e2b.envd.connect import integer
 from sandcell.compat.e2b.gateway import Gateway
-from sandcell.compat.e2b.paths import to_e2b, to_workspace
+from sandcell.compat.e2b.paths import to_cell, to_e2b
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.store import SandboxRecord
 
@@ -52,11 +54,11 @@ def path_of(message: dict[str, Any], field: str = "path") -> str:
     value = message.get(field)
     if not isinstance(value, str) or not value:
         raise ServiceError(ErrorCode.BAD_REQUEST, f"{field} is required")
-    return to_workspace(value)
+    return to_cell(value)
 
 
 async def _stat(gateway: Gateway, record: SandboxRecord, path: str) -> dict[str, Any]:
-    return await gateway.json(record, "GET", "files/stat", query={"path": path})
+    return await cellfiles.json(gateway, record, "GET", "stat", query={"path": path})
 
 
 async def stat_entry(
@@ -77,7 +79,7 @@ async def make_dir(
     else:  # envd's answer for a directory that is there already: make_dir() returns False
         raise ServiceError(ErrorCode.CONFLICT, f"{message['path']} already exists")
     body = json.dumps({"path": path, "parents": True}).encode()
-    entry = await gateway.json(record, "POST", "files/mkdir", body=body)
+    entry = await cellfiles.json(gateway, record, "POST", "mkdir", body=body)
     return {"entry": entry_info(entry)}
 
 
@@ -87,7 +89,7 @@ async def move(gateway: Gateway, record: SandboxRecord, message: dict[str, Any])
         "to": path_of(message, "destination"),
         "overwrite": True,
     }
-    entry = await gateway.json(record, "POST", "files/move", body=json.dumps(body).encode())
+    entry = await cellfiles.json(gateway, record, "POST", "move", body=json.dumps(body).encode())
     return {"entry": entry_info(entry)}
 
 
@@ -96,7 +98,7 @@ async def remove(
 ) -> dict[str, Any]:
     query = {"path": path_of(message), "recursive": "true"}
     try:
-        await gateway.daemon(record, "DELETE", "files", query=query)
+        await cellfiles.send(gateway, record, "DELETE", query=query)
     except ServiceError as exc:  # E2B treats removing what is not there as done
         if exc.code is not ErrorCode.FILE_NOT_FOUND:
             raise
@@ -108,7 +110,7 @@ async def list_dir(
 ) -> dict[str, Any]:
     depth = max(1, integer(message.get("depth"), "depth", 1))
     query = {"path": path_of(message), "depth": str(depth)}
-    listed = await gateway.json(record, "GET", "files/list", query=query)
+    listed = await cellfiles.json(gateway, record, "GET", "list", query=query)
     return {"entries": [entry_info(e) for e in listed["entries"]]}
 
 

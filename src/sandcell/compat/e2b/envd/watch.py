@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from sandcell.compat.e2b import cellfiles
 from sandcell.compat.e2b.envd.filesystem import entry_info, path_of
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, ServiceError
@@ -31,7 +32,7 @@ async def _snapshot(
     gateway: Gateway, record: SandboxRecord, path: str, recursive: bool
 ) -> Snapshot:
     query = {"path": path, "depth": str(RECURSIVE_DEPTH if recursive else 1)}
-    listed = await gateway.json(record, "GET", "files/list", query=query)
+    listed = await cellfiles.json(gateway, record, "GET", "list", query=query)
     return {entry["path"]: entry for entry in listed["entries"]}
 
 
