@@ -6,12 +6,15 @@ name. It uses only calls every e2b 2.x has, so one flow covers 2.7 to the newest
     python matrix_flow.py sandbox e2b_code_interpreter  # the same flow through its subclass
     python matrix_flow.py code e2b_code_interpreter     # run_code with a result
 
-It prints "ok" when every step held; a failed step raises, naming what it saw.
+MATRIX_PROXY, when set, is given to the SDK as its `proxy=` (a TLS front standing in for an
+operator's wildcard DNS and certificate). It prints "ok" when every step held; a failed step
+raises, naming what it saw.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -19,10 +22,11 @@ from datetime import UTC, datetime
 from e2b import CommandExitException, NotFoundException
 
 DIR = "/home/user/matrix"
+OPTS = {"proxy": os.environ["MATRIX_PROXY"]} if "MATRIX_PROXY" in os.environ else {}
 
 
 def sandbox_flow(sandbox_cls: type) -> None:
-    sbx = sandbox_cls.create(template="base", timeout=120, metadata={"flow": "matrix"})
+    sbx = sandbox_cls.create(template="base", timeout=120, metadata={"flow": "matrix"}, **OPTS)
     try:
         assert sbx.commands.run("echo $((6 * 7))").stdout == "42\n"
         seen: list[str] = []
@@ -56,14 +60,14 @@ def sandbox_flow(sandbox_cls: type) -> None:
 
         # A second client of the same sandbox, as a process that only knows its id
         # (older SDKs send envd calls without E2b-Sandbox-Id after connect).
-        other = sandbox_cls.connect(sbx.sandbox_id)
+        other = sandbox_cls.connect(sbx.sandbox_id, **OPTS)
         assert other.commands.run("echo connected").stdout == "connected\n"
         assert other.files.read(f"{DIR}/a.txt") == "from the matrix"
     finally:
         sbx.kill()
     assert not sbx.is_running()
     try:
-        sandbox_cls.connect(sbx.sandbox_id)
+        sandbox_cls.connect(sbx.sandbox_id, **OPTS)
     except NotFoundException:
         pass
     else:
@@ -71,7 +75,7 @@ def sandbox_flow(sandbox_cls: type) -> None:
 
 
 def code_flow(sandbox_cls: type) -> None:
-    sbx = sandbox_cls.create(template="base", timeout=120)
+    sbx = sandbox_cls.create(template="base", timeout=120, **OPTS)
     try:
         execution = sbx.run_code("x = 6 * 7\nprint('hi')\nx")
         assert execution.error is None, execution.error

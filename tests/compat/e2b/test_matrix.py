@@ -11,21 +11,22 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from compat.e2b.venvs import run_python, session_venv
+from compat.e2b.venvs import hex_key, run_python, session_venv
+from sdk.helpers import stop_and_clean
+from support.server import SMALL_TEMPLATE, start_server
+from support.tls_front import tls_front
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 FLOW = HERE / "matrix_flow.py"
 NODE_FILES = ("package.json", "package-lock.json", "flow.mjs")
-GET_HOST = (
-    "issue 27 item 10 (get_host): e2b-code-interpreter <= 2.6 sends run_code to "
-    "https://{get_host(49999)}, 49999-<id>.e2b.app, not to E2B_SANDBOX_URL"
-)
+DOMAIN = "matrix.test"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Row:
     requirements: tuple[str, ...] = ()
     # e2b 2.2x-2.4x refuse an API key not of the form e2b_<hex> before sending it.
     hex_key: bool = False
+    # e2b-code-interpreter <= 2.6 reaches its interpreter at https://49999-{id}.{domain}
+    # whatever E2B_SANDBOX_URL says: its code flow needs the per-sandbox hosts.
+    code_by_host: bool = False
 
     @property
     def module(self) -> str:
@@ -49,40 +53,57 @@ ROWS = [
     Row("e2b", "2.45.1", ("e2b==2.45.1",), hex_key=True),
     Row("e2b", "2.63.0"),
     # With e2b 2.20.3, its lowest e2b and crewai-tools' pair.
-    Row("e2b-code-interpreter", "2.6.2", ("e2b-code-interpreter==2.6.2", "e2b==2.20.3")),
+    Row(
+        "e2b-code-interpreter",
+        "2.6.2",
+        ("e2b-code-interpreter==2.6.2", "e2b==2.20.3"),
+        code_by_host=True,
+    ),
     Row("e2b-code-interpreter", "2.11.5"),
+]
+CASES = [
+    pytest.param(row, flow, id=f"{row.package}=={row.version}-{flow}")
+    for row in ROWS
+    for flow in (["sandbox", "code"] if row.package == "e2b-code-interpreter" else ["sandbox"])
 ]
 
 
-def cases() -> list[pytest.ParameterSet]:
-    """Each row's sandbox flow, and the code flow for the code interpreter's rows."""
-    found = []
-    for row in ROWS:
-        flows = ["sandbox", "code"] if row.package == "e2b-code-interpreter" else ["sandbox"]
-        for flow in flows:
-            known = (row.version, flow) == ("2.6.2", "code")
-            marks = [pytest.mark.xfail(strict=True, reason=GET_HOST)] if known else []
-            found.append(
-                pytest.param(row, flow, id=f"{row.package}=={row.version}-{flow}", marks=marks)
-            )
-    return found
-
-
-def hex_key(env: dict[str, str]) -> dict[str, str]:
-    """The sandcell key in the e2b_<hex> form, which the façade decodes (docs/e2b.md)."""
-    return {**env, "E2B_API_KEY": "e2b_" + env["E2B_API_KEY"].encode().hex()}
+@pytest.fixture(scope="module")
+def by_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The E2B variables of a server with `server.preview_domain` set, behind a TLS front
+    for `*.{DOMAIN}` (tests/support/tls_front.py) that stands in for an operator's wildcard
+    DNS and certificate: no E2B_SANDBOX_URL, every sandbox call by its host."""
+    base = tmp_path_factory.mktemp("matrix-hosts")
+    config = f'[server]\npreview_domain = "{DOMAIN}"\n' + SMALL_TEMPLATE.format(warm_pool=0)
+    server = start_server(base / "data", config_text=config)
+    try:
+        with tls_front(DOMAIN, server.url, base) as front:
+            yield {
+                "E2B_API_URL": f"{server.url}/e2b",
+                "E2B_API_KEY": server.create_key("matrix"),
+                "E2B_DOMAIN": DOMAIN,
+                "SSL_CERT_FILE": str(front.ca),
+                "MATRIX_PROXY": front.url,
+            }
+    finally:
+        stop_and_clean(server)
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("row", "flow"), cases())
+@pytest.mark.parametrize(("row", "flow"), CASES)
 def test_python_sdk(
-    row: Row, flow: str, tmp_path_factory: pytest.TempPathFactory, e2b_env: dict[str, str]
+    row: Row,
+    flow: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    e2b_env: dict[str, str],
+    request: pytest.FixtureRequest,
 ) -> None:
     python = session_venv(tmp_path_factory, row.requirements) if row.requirements else None
+    env = request.getfixturevalue("by_host") if row.code_by_host and flow == "code" else e2b_env
     done = run_python(
         python or Path(sys.executable),
         [FLOW, flow, row.module],
-        hex_key(e2b_env) if row.hex_key else e2b_env,
+        hex_key(env) if row.hex_key else env,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.startswith("ok"), done.stdout

@@ -22,7 +22,7 @@ INSTALL_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 300
 UV = Path(sys.executable).with_name("uv")  # from the dev extras
 # The venvs run the test venv's own Python; uv is never to fetch one.
-UV_ENV = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "copy"}
+UV_ENV = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
 
 
 def make_venv(where: Path, requirements: Sequence[str]) -> Path:
@@ -56,21 +56,21 @@ def session_venv(factory: pytest.TempPathFactory, requirements: Sequence[str]) -
     return python
 
 
+def hex_key(env: dict[str, str]) -> dict[str, str]:
+    """`env` with its sandcell key in the form e2b_<hex>, which the façade decodes
+    (docs/e2b.md), for SDKs that refuse any other (e2b 2.2x-2.4x)."""
+    return {**env, "E2B_API_KEY": "e2b_" + env["E2B_API_KEY"].encode().hex()}
+
+
 def run_python(
     python: Path, args: Sequence[str | Path], env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
-    """`python ARGS...` with the E2B variables `env` added to this process's environment."""
+    """`python ARGS...` with this process's environment, its E2B variables those of `env`."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     return subprocess.run(
         [python, *args],
-        env={**os.environ, **env},
+        env={**kept, **env},
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
     )
-
-
-def run_in_venv(
-    where: Path, requirements: list[str], script: str, env: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
-    """`script` run by a fresh venv at `where` holding `requirements`."""
-    return run_python(make_venv(where, requirements), ["-c", script], env)

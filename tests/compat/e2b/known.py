@@ -1,0 +1,14 @@
+"""What the version matrix and the framework tests know not to work, as the reasons of their
+xfail(strict=True) marks: a fix that lands shows as an unexpected pass, naming the mark to
+remove (and docs/e2b.md's row to update)."""
+
+PATHS = "issue 27 item 5 (paths): the files API refuses the cell's /tmp"
+# SPEC §14.2: the files API reaches the workspace (/home/user) and the cell's /tmp.
+ROOT = "the files API reaches /home/user and /tmp only, not / (agno's list_files() default)"
+# e2b-code-interpreter <= 2.6 reaches its interpreter at https://49999-{id}.{domain} whatever
+# E2B_SANDBOX_URL says. test_matrix gives it sandcell's per-sandbox hosts through a TLS front
+# and the SDK's proxy=; a framework that passes no proxy= needs real wildcard DNS.
+WILDCARD_DNS = (
+    "e2b-code-interpreter <= 2.6 sends run_code to https://49999-<id>.<domain>, which needs "
+    "server.preview_domain and wildcard DNS to sandcell; the framework offers no proxy= option"
+)
