@@ -147,6 +147,7 @@ def test_bad_rotation_names_the_field(alice: httpx.Client) -> None:
     ):
         error = _error(alice.put("/v1/secrets/ROT", json=body), 400, "BAD_REQUEST")
         assert field in {e["loc"][0] for e in error["details"]["errors"]}, error
+    _error(alice.put("/v1/secrets/ROT", json={}), 400, "BAD_REQUEST")  # nothing to change
     for junk in (b"", b"not json", b"[]", b'{"value": "x"' + b"]" * 10):
         r = alice.put("/v1/secrets/ROT", content=junk, headers={"content-type": "application/json"})
         _error(r, 400, "BAD_REQUEST")

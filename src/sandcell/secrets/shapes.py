@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandcell.errors import ServiceError
 from sandcell.network.policy import parse_entry
@@ -96,6 +96,12 @@ class SecretUpdate(_Strict):
         if v is None:
             raise ValueError("may be left out, not null")
         return v
+
+    @model_validator(mode="after")
+    def _something(self) -> SecretUpdate:
+        if self.value is None and self.hosts is None and self.places is None:
+            raise ValueError('give at least one of "value", "hosts" and "in"')
+        return self
 
 
 class Secret(BaseModel):
