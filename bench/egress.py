@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from bench import egress_tls
 from bench.figures import Row, row
 from bench.stats import sample_ms
 from sandcell.network.policy import NetworkPolicy, parse_policy
@@ -145,7 +146,8 @@ def figures(size_mib: int, repeats: int, n: int) -> list[Row]:
         web.shutdown()
     for r in (copy, tunnel):
         r["mb_per_s"] = round(size_mib / (r["median_ms"] / 1000), 1)
-    return [copy, tunnel, direct_get, proxied_get]
+    substituting = egress_tls.figures(size_mib, repeats, n)  # SPEC §17 beside its tunnel
+    return [copy, tunnel, direct_get, proxied_get, *substituting]
 
 
 async def _serve() -> None:

@@ -54,6 +54,7 @@ class _Side:
         self.conn = h11.Connection(role, max_incomplete_event_size=MAX_HEAD)
         self.reader, self.writer = streams
         self.idle_s, self.last, self.count = idle_s, last, count
+        self.pending: list[bytes] = []
 
     async def next_event(self) -> object:
         while True:
@@ -70,11 +71,17 @@ class _Side:
             self.last[0] = time.monotonic()
             self.conn.receive_data(data)
 
-    async def send(self, event: h11.Event) -> None:
+    async def send(self, event: h11.Event, *, now: bool = True) -> None:
+        """Sends `event`; a head sent with `now=False` leaves with what follows it, in one
+        write (one TLS record, one segment: no small write for Nagle's algorithm to hold)."""
         data = self.conn.send(event)
         if data:
-            self.count(len(data))
-            self.writer.write(data)
+            self.pending.append(data)
+        if now and self.pending:
+            out = b"".join(self.pending) if len(self.pending) > 1 else self.pending[0]
+            self.pending.clear()
+            self.count(len(out))
+            self.writer.write(out)
             await self.writer.drain()
 
 
@@ -197,8 +204,13 @@ class _Exchange:
             headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
             headers.append((b"content-length", str(len(buffered)).encode()))
             headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
+        try:
+            head = h11.Request(method=request.method, target=target, headers=headers)
+        except h11.LocalProtocolError as exc:  # a value no header can hold (a newline, say)
+            await self._answer(400, f"the request cannot be sent: {exc}")
+            return False
         self._record(used)
-        await self.upstream.send(h11.Request(method=request.method, target=target, headers=headers))
+        await self.upstream.send(head, now=False)  # leaves with the body's first bytes
         sending = asyncio.ensure_future(self._send_body(body, buffered))
         answering = asyncio.ensure_future(self._respond(request.method))
         try:
@@ -266,7 +278,8 @@ class _Exchange:
             if echo and self.rules.any_length_change() and not bodiless:
                 headers = [(n, v) for n, v in headers if n.lower() not in FRAMING]
             await self.cell.send(
-                h11.Response(status_code=event.status_code, headers=headers, reason=event.reason)
+                h11.Response(status_code=event.status_code, headers=headers, reason=event.reason),
+                now=False,
             )
             break
         await _stream(self.upstream, self.cell, echo, "the upstream's response ended early")
