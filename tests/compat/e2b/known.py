@@ -1,8 +1,7 @@
-"""What the version matrix and the framework tests know not to work, as the reasons of their
-xfail(strict=True) marks: a fix that lands shows as an unexpected pass, naming the mark to
-remove (and docs/e2b.md's row to update)."""
+"""What the version matrix and the framework tests know not to work here, and why: the reasons
+of their xfail(strict=True) marks, so a change that makes one work shows as an unexpected pass,
+naming the mark to remove (and docs/e2b.md's row to update)."""
 
-PATHS = "issue 27 item 5 (paths): the files API refuses the cell's /tmp"
 # SPEC §14.2: the files API reaches the workspace (/home/user) and the cell's /tmp.
 ROOT = "the files API reaches /home/user and /tmp only, not / (agno's list_files() default)"
 # e2b-code-interpreter <= 2.6 reaches its interpreter at https://49999-{id}.{domain} whatever

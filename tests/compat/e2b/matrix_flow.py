@@ -50,6 +50,8 @@ def sandbox_flow(sandbox_cls: type) -> None:
         assert sbx.files.read(f"{DIR}/a.txt") == "from the matrix"
         assert [e.name for e in sbx.files.list(DIR)] == ["a.txt"]
         assert sbx.files.exists(f"{DIR}/a.txt")
+        # Commands start in /home/user and see what the files API wrote there.
+        assert sbx.commands.run("cat matrix/a.txt").stdout == "from the matrix"
 
         info = sbx.get_info()
         assert info.sandbox_id == sbx.sandbox_id

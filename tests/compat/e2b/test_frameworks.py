@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from agno.tools.e2b import E2BTools
 
-from compat.e2b.known import PATHS, ROOT, WILDCARD_DNS
+from compat.e2b.known import ROOT, WILDCARD_DNS
 from compat.e2b.venvs import hex_key, run_python, session_venv
 
 pytestmark = pytest.mark.slow
@@ -53,10 +53,7 @@ def crewai_tools(
     [
         "session",  # exec, write, read, ls, an exit code, in /workspace
         "pause_and_resume",  # pause_on_exit, then client.resume() finds it and its files
-        pytest.param(
-            "hydrate_workspace",  # its tar goes to /tmp through the files API
-            marks=pytest.mark.xfail(strict=True, reason=PATHS),
-        ),
+        "hydrate_workspace",  # its tar goes to /tmp through the files API
     ],
 )
 def test_openai_agents(openai_agents: dict[str, str], part: str) -> None:

@@ -36,6 +36,8 @@ async function sandboxFlow() {
     assert.equal(await sbx.files.read(`${DIR}/a.txt`), "from the matrix");
     assert.deepEqual((await sbx.files.list(DIR)).map((e) => e.name), ["a.txt"]);
     assert.equal(await sbx.files.exists(`${DIR}/a.txt`), true);
+    // Commands start in /home/user and see what the files API wrote there.
+    assert.equal((await sbx.commands.run("cat matrix/a.txt")).stdout, "from the matrix");
 
     const info = await sbx.getInfo();
     assert.equal(info.sandboxId, sbx.sandboxId);
