@@ -143,16 +143,21 @@ class Template(BaseModel):
 
 def builtin_templates() -> dict[str, Template]:
     """`default` (the host's system, fast) and `code-interpreter` (Debian with Python and the
-    scientific stack, SPEC §10): built on first use, so no warm pool until then."""
+    scientific stack, SPEC §10, and Node.js for javascript and typescript contexts): built on
+    first use, so no warm pool until then. The Python packages are the versions of sandcell's
+    `interpreter` extra (pyproject.toml), so charts come out as on the default template."""
     science = ImageSpec(
         base="debian:bookworm",
-        apt=(
-            "python3",
-            "python3-ipykernel",
-            "ipython3",
-            "python3-numpy",
-            "python3-pandas",
-            "python3-matplotlib",
+        apt=("python3", "nodejs"),
+        pip=(
+            "ipython==9.18.1",
+            "ipykernel==7.4.0",
+            "matplotlib-inline==0.2.2",
+            "matplotlib==3.11.2",
+            "numpy==2.4.6",
+            "pandas==3.1.1",
+            "e2b-charts==1.0.0",  # a figure's chart data (result.chart)
+            "pydantic==2.14.4",
         ),
         workdir="/workspace",
     )
