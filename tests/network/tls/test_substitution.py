@@ -354,3 +354,14 @@ async def test_socks5_connections_are_substituted_too(secrets, api):
     assert code == 0, err
     assert VALUE not in out and PLACEHOLDER.encode() in out
     assert upstream.seen.requests[-1]["headers"]["x-key"] == VALUE.decode()
+
+
+async def test_upgrades_towards_a_host_with_secrets_are_refused(secrets, api):
+    upstream, _ = api
+    async with client(secrets) as c:
+        r = await c.get(
+            f"https://api.test:{upstream.port}/ws",
+            headers={"connection": "upgrade", "upgrade": "websocket", "x-key": PLACEHOLDER},
+        )
+    assert r.status_code == 501 and "upgrades" in r.text
+    assert upstream.seen.requests == []
