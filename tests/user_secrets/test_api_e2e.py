@@ -10,33 +10,11 @@ import httpx
 import pytest
 
 from sandcell.secrets.shapes import MAX_SECRETS_PER_PRINCIPAL, MAX_VALUE_BYTES
-from support.server import RunningServer, start_server
+from support.server import RunningServer
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-[templates.default]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_max = "open"
-
-[templates.closed]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_max = "none"
-"""
 VALUE = "sk-live-4f1c9a0e77d2-the-real-value-never-shown"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("secrets") / "data", config_text=CONFIG)
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +51,9 @@ def test_lifecycle_never_returns_the_value(alice: httpx.Client, server: RunningS
     assert [s["name"] for s in listed if s["name"] == "LIFE"] == ["LIFE"]
     r = alice.put("/v1/secrets/LIFE", json={"value": VALUE + "-rotated"})
     assert r.status_code == 200 and r.json()["hosts"] == ["api.openai.com"], r.text
+    db = server.data_dir / "sandcell.db"
+    at_rest = b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+    assert b"LIFE" in at_rest and VALUE.encode() not in at_rest  # sealed, on disk too
     assert r.json()["updated_at"] >= made["updated_at"]
     r = alice.put("/v1/secrets/LIFE", json={"hosts": ["API.Example.com.", "api.example.com:8443"]})
     assert r.json()["hosts"] == ["api.example.com", "api.example.com:8443"], r.text

@@ -19,26 +19,11 @@ from sandcell import Sandbox
 from sandcell.client import ClientConfig
 from sandcell.client.secrets import AsyncSecrets, Secrets
 from support.mcp_client import call, text
-from support.server import RunningServer, sandcell_bin, start_server
+from support.server import RunningServer, sandcell_bin
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-[templates.default]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_max = "allowlist"
-"""
 VALUE = "xoxb-1234-cli-secret-value-never-in-argv"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("secrets-cli") / "data", config_text=CONFIG)
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,35 +17,12 @@ from sandcell.client.errors import ForbiddenError, NotFoundError
 from sandcell.secrets.lookup import bindings_from_store
 from sandcell.store import Sealer, load_store_key, open_store
 from support.server import RunningServer, start_server
+from user_secrets.helpers import CONFIG
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-[templates.default]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_allow = ["pypi.org"]
-network = "allowlist"
-network_max = "allowlist"
-
-[templates.closed]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_max = "none"
-"""
 VALUE = "ghp_0a1b2c3d4e5f-real-token-value"
 PLACEHOLDER = re.compile(r"^sandcell-secret-GH_TOKEN-[0-9a-f]{32}$")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(tmp_path_factory.mktemp("secrets-sbx") / "data", config_text=CONFIG)
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +47,8 @@ def _bindings(server: RunningServer, sandbox_id: str) -> tuple:
 
 def test_placeholders_in_env_policy_and_bindings(server: RunningServer, config: ClientConfig):
     with (
-        Sandbox.create(config=config, secrets=["GH_TOKEN"]) as one,
-        Sandbox.create(config=config, secrets=["GH_TOKEN"]) as two,
+        Sandbox.create(config=config, template="listed", secrets=["GH_TOKEN"]) as one,
+        Sandbox.create(config=config, template="listed", secrets=["GH_TOKEN"]) as two,
     ):
         seen = []
         for sbx in (one, two):
