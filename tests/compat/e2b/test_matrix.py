@@ -146,3 +146,12 @@ def test_node_sdk(flow: str, node_dir: Path, e2b_env: dict[str, str]) -> None:
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.startswith("ok"), done.stdout
+
+
+def test_the_docs_matrix_names_every_row() -> None:
+    """docs/e2b.md's table names each row's test, at the version the row installs."""
+    table = (HERE.parents[2] / "docs" / "e2b.md").read_text()
+    for row in ROWS:
+        assert f"test_python_sdk[{row.package}=={row.version}-sandbox]" in table, row
+    for name, flow in NPM_ROWS:
+        assert f"test_node_sdk[{name}@{NPM[name]}-{flow}]" in table, name
