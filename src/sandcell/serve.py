@@ -29,11 +29,13 @@ from sandcell.network.egress import (
     policy_from_store,
 )
 from sandcell.network.tls.authority import Authorities
-from sandcell.network.tls.substitution import Substitution, no_secrets, not_recorded
+from sandcell.network.tls.substitution import Substitution
 from sandcell.network.tls.upstream import upstream_context
 from sandcell.router.app import STORE_OUTAGES, Limits, Router, create_app
 from sandcell.router.cors import cross_origin
 from sandcell.router.network import PreviewHosts
+from sandcell.secrets.lookup import bindings_from_store
+from sandcell.secrets.metrics import SecretUses
 from sandcell.settings import MIB, Settings
 from sandcell.store import Sealer, Store, load_store_key, open_store
 from sandcell.store import health as store_health
@@ -50,7 +52,9 @@ async def opened_store(settings: Settings) -> AsyncIterator[Store]:
 
 
 @contextlib.asynccontextmanager
-async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Backend]:
+async def opened_backend(
+    settings: Settings, store: Store, uses: SecretUses
+) -> AsyncIterator[Backend]:
     if settings.backend == "local":
         limits = EgressLimits(
             max_connections_total=settings.egress_max_connections,
@@ -60,7 +64,7 @@ async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Back
             policy_from_store(store),
             owner_for=owner_from_store(store),
             limits=limits,
-            substitution=substitution(settings),
+            substitution=substitution(settings, store, uses),
         )
         try:
             yield LocalBackend(settings.cells_dir, egress=egress)
@@ -76,12 +80,13 @@ async def opened_backend(settings: Settings, store: Store) -> AsyncIterator[Back
         await backend.aclose()
 
 
-def substitution(settings: Settings) -> Substitution:
-    """The secret-substituting proxy's parts (SPEC §17): CA bundles beside the cells, the
+def substitution(settings: Settings, store: Store, uses: SecretUses) -> Substitution:
+    """The secret-substituting proxy's parts (SPEC §17): the secrets room's bindings, read
+    from the store per connection, and its use recorder; CA bundles beside the cells; the
     upstream checked against the host's CAs and `[server] upstream_ca_file`."""
     return Substitution(
-        no_secrets,
-        not_recorded,
+        bindings_from_store(store),
+        uses,
         Authorities(settings.data_dir / "tls"),
         upstream_context(settings.upstream_ca_file),
     )
@@ -183,7 +188,8 @@ async def _watching(server: Server, store: Store) -> AsyncIterator[None]:
 async def serve(settings: Settings, options: ServeOptions | None = None) -> None:
     options = options or ServeOptions()
     configure_logging(settings.log_format, options.log_level, options.access_log)
-    async with opened_store(settings) as store, opened_backend(settings, store) as backend:
+    uses = SecretUses()  # counted in /metrics, kept for the audit trail (SPEC §17)
+    async with opened_store(settings) as store, opened_backend(settings, store, uses) as backend:
         manager = Manager(
             store,
             backend,
@@ -206,6 +212,7 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             body_budget_per_key_bytes=settings.body_budget_per_key_bytes,
         )
         router = Router(store, manager, limits)
+        uses.register(router.metrics.registry)
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
         api = create_app(router)
