@@ -23,6 +23,7 @@ ETC_ENTRIES = (
     "os-release",
     "debian_version",
     "mime.types",
+    "fonts",  # fontconfig: without it every first plot prints "Cannot load default config file"
     "protocols",
     "services",
     "ssl/openssl.cnf",

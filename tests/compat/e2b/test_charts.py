@@ -131,11 +131,6 @@ def test_subplots_make_a_superchart_and_plain_results_have_none(sbx: Sandbox) ->
     assert plain.chart is None and plain.formats() == ["text"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cells of templates without an image do not see the host's /etc/fonts (not in "
-    "isolation/bwrap.py's ETC_ENTRIES), so matplotlib's fc-list prints a Fontconfig error",
-)
 def test_a_first_plot_writes_nothing_to_stderr(sbx: Sandbox) -> None:
     # A context of its own, with matplotlib's cache in a fresh directory: the first figure
     # builds the font list (where matplotlib asks fontconfig's fc-list for the fonts).
