@@ -176,7 +176,10 @@ class CodeRunRequest(Strict):
     code: Annotated[str, Meta(max_length=MAX_CODE_BYTES)]
     language: Annotated[
         str | None,
-        Meta(description="python (default) or bash; with context_id, that context's language"),
+        Meta(
+            description="python (default), bash, javascript (js) or typescript (ts); "
+            "with context_id, that context's language"
+        ),
     ] = None
     context_id: Annotated[str, Meta(max_length=128)] | None = None
     timeout_s: Timeout = DEFAULT_CODE_TIMEOUT_S
