@@ -219,3 +219,8 @@ def test_localhost_is_the_one_dotless_name(alice: httpx.Client) -> None:
     r = alice.post("/v1/secrets", json=_secret("LOCAL", hosts=["LocalHost:8443"]))
     assert r.status_code == 201 and r.json()["hosts"] == ["localhost:8443"], r.text
     assert alice.delete("/v1/secrets/LOCAL").status_code == 204
+
+
+def test_secret_uses_are_on_metrics(server: RunningServer) -> None:
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "# TYPE sandcell_secret_uses_total counter" in text
