@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandcell.cellapi.argv import daemon_args
+from sandcell.cellapi.layout import WORKSPACE_ALIASES
 from sandcell.isolation.images.inject import RUNTIME_MOUNT, daemon_command
 from sandcell.isolation.policy import CellPolicy
 from sandcell.manager.k8s.config import KubernetesConfig
@@ -125,6 +126,8 @@ def pod_manifest(
                 "securityContext": HARDENED,
                 "volumeMounts": [
                     {"name": "workspace", "mountPath": WORKSPACE},
+                    # The same directory at E2B's home too, as in local cells (cellapi.layout).
+                    *({"name": "workspace", "mountPath": a} for a in WORKSPACE_ALIASES),
                     {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own tmpfs
                     *container.get("volumeMounts", []),
                 ],
