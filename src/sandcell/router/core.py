@@ -517,6 +517,7 @@ class Router:
     async def send(self, record: SandboxRecord, call: Call) -> Answer:
         """`call` on the sandbox's daemon, signed for exactly this method, path and body."""
         record = await self.ready(record)
+        self.metrics.daemon_calls.labels(call.method).inc()
         return await self.hop.exchange(record, call)
 
     @contextlib.asynccontextmanager

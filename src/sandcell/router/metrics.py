@@ -33,6 +33,12 @@ class RouterMetrics:
         self.init_failures = Gauge(
             "sandcell_init_failures", "Failed two-stage inits", registry=self.registry
         )
+        self.daemon_calls = Counter(
+            "sandcell_daemon_calls_total",
+            "Signed calls to sandboxes' daemons (Router.send), by method",
+            ["method"],
+            registry=self.registry,
+        )
         self.inflight = Gauge(
             "sandcell_inflight_requests", "Requests being served", registry=self.registry
         )
