@@ -35,6 +35,9 @@ class CellPolicy:
     image_root: str | None = None
     image_env: tuple[tuple[str, str], ...] = ()
     pod_image: str | None = None  # Kubernetes: the pod's image (`image.oci`)
+    # A host directory holding the sandbox's CA bundle (SPEC §17), bound read-only at
+    # network.tls.authority.CELL_CA_DIR; None: the sandbox has no secrets.
+    ca_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "loopback"):

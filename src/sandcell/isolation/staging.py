@@ -47,6 +47,7 @@ CELL_BIN = "sandcell/isolation/cellbin"
 CELL_BIN_DIR = "/usr/local/bin"
 
 STAGE = "/run/sandcell-stage"
+CELL_CA_DIR = "/run/sandcell/tls"  # where a sandbox with secrets finds its CA bundle
 _EMPTY_LAYER = f"{STAGE}/empty"  # overlayfs wants two lower layers when it has no upper one
 _OWN_ROOT = f"{STAGE}/root"
 # What bwrap's --dev makes, made here instead: the host's harmless nodes, bound; the links.
@@ -92,11 +93,13 @@ class CellRoot:
     @classmethod
     def of(cls, cell_dir: Path, policy: CellPolicy) -> CellRoot:
         """Raises images.stage.StageError when an image's runtime cannot be staged here."""
+        # The sandbox's CA bundle (SPEC §17), in /run: the cell's own in both kinds of root.
+        trust = [Bind(policy.ca_dir, CELL_CA_DIR)] if policy.ca_dir else []
         if policy.image_root is None:
             binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
-            return cls(binds, [cell_python()], CELL_SRC)
+            return cls([*binds, *trust], [cell_python()], CELL_SRC)
         staged = image_stage.stage_runtime(cell_dir)
-        return cls(staged.binds, staged.python, staged.chdir, policy.image_root)
+        return cls([*staged.binds, *trust], staged.python, staged.chdir, policy.image_root)
 
     def system(self, image_root: str) -> list[str]:
         """bwrap's arguments for the read-only system; `image_root` as bwrap reaches it."""

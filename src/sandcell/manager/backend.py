@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,11 @@ class Backend(Protocol):
         workspace: str | None = None,
     ) -> CellHandle:
         """A started cell; on `workspace` (a `workspace_home`) instead of a new one if given."""
+        ...
+
+    async def cell_trust(self, sandbox_id: str) -> dict[str, str]:
+        """For a sandbox with secrets (SPEC §17), before its cell is made: its CA minted and
+        its bundle staged for the cell; the env that points the cell's clients at it."""
         ...
 
     async def stop(self, cell: dict[str, Any]) -> None:
@@ -109,6 +115,7 @@ class LocalBackend:
         self.egress = egress
         self._neighbours: dict[str, LocalCells] = {}
         self._sandbox_of: dict[str, str] = {}  # cell id -> sandbox id, for the egress listeners
+        self._trust_dirs: dict[str, str] = {}  # sandbox id -> its CA bundle's directory
 
     def _handle(self, cell_id: str, uds: str) -> CellHandle:
         cell = {"cell_id": cell_id, "cells_dir": str(self.cells.cells_dir)}
@@ -136,6 +143,8 @@ class LocalBackend:
         workspace: str | None = None,
     ) -> CellHandle:
         await self._forget_destroyed()
+        if (ca_dir := self._trust_dirs.pop(sandbox_id, None)) is not None:
+            policy = dataclasses.replace(policy, ca_dir=ca_dir)
         cell_id = new_cell_id()
         kept = Path(workspace) if workspace else None
         info = await asyncio.to_thread(
@@ -147,6 +156,14 @@ class LocalBackend:
             await self.destroy({"cell_id": info.cell_id, "cells_dir": str(self.cells.cells_dir)})
             raise
         return self._handle(info.cell_id, info.uds)
+
+    async def cell_trust(self, sandbox_id: str) -> dict[str, str]:
+        substitution = self.egress.substitution if self.egress is not None else None
+        if substitution is None:
+            return {}  # no egress proxy: nothing of the cell leaves, nothing to substitute
+        trust = await asyncio.to_thread(substitution.authorities.trust_for, sandbox_id, ())
+        self._trust_dirs[sandbox_id] = str(trust.directory)
+        return trust.env
 
     async def _attach_egress(self, sandbox_id: str, info: CellInfo) -> None:
         """The egress proxies' listeners, made inside the cell before any tenant code runs."""

@@ -178,8 +178,10 @@ class Manager:
             # variables of the template's default policy.
             init_env = {**proxy_env(policy), **env}
             pooled = not env and proxy_env(policy) == proxy_env(template.egress_policy())
+            sandbox_id = new_sandbox_id()
+            if secrets:  # SPEC §17: the cell trusts its sandbox's CA, staged before it starts
+                init_env = {**init_env, **await self.backend.cell_trust(sandbox_id)}
             if snapshot is not None:
-                sandbox_id = new_sandbox_id()
                 home = await self.snapshots.workspace_from(snapshot, sandbox_id)
                 warm = await self.prepare(
                     template, init_env, sandbox_id=sandbox_id, workspace=home, resources=resources
@@ -188,7 +190,9 @@ class Manager:
                 claimed = (
                     await self.pools[template_name].claim() if pooled and not resources else None
                 )
-                warm = claimed or await self.prepare(template, init_env, resources=resources)
+                warm = claimed or await self.prepare(
+                    template, init_env, sandbox_id=sandbox_id, resources=resources
+                )
         except BaseException:
             await _each_step(
                 lambda: self._release(reservation), lambda: self.backend.discard_workspace(home)

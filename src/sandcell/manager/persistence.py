@@ -124,6 +124,8 @@ class Persistence:
         policy = parse_policy(record.network) if record.network else template.egress_policy()
         env = {**proxy_env(policy), **record.env}
         try:
+            if record.secrets:  # a new cell, a new CA (the last one went with its cell)
+                env = {**env, **await self.m.backend.cell_trust(record.id)}
             warm = await self.m.prepare(
                 template,
                 env,

@@ -57,6 +57,26 @@ def other_binding() -> SecretBinding:
     )
 
 
+# Node's own TLS (https over a socket from an HTTP CONNECT): argv proxy-port host port value.
+NODE = r"""
+const http = require('http'), tls = require('tls'), https = require('https');
+const [proxy, host, port, placeholder] = process.argv.slice(1);
+const req = http.request({host: '127.0.0.1', port: proxy, method: 'CONNECT',
+                          path: `${host}:${port}`});
+req.on('connect', (res, socket) => {
+  if (res.statusCode !== 200) { console.log('CONNECT', res.statusCode); process.exit(1); }
+  const get = https.request({host, port, path: '/node', headers: {'x-key': placeholder},
+    createConnection: () => tls.connect({socket, servername: host})}, (r) => {
+    let body = ''; r.on('data', (d) => body += d);
+    r.on('end', () => { console.log(r.statusCode, body); process.exit(0); });
+  });
+  get.on('error', (e) => { console.log('ERROR', e.code || e.message); process.exit(2); });
+  get.end();
+});
+req.end();
+"""
+
+
 # -- a CA of the test's own, and certificates from it -------------------------------------
 
 

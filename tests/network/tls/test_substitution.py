@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from network.tls.conftest import (
+    NODE,
     OTHER_PLACEHOLDER,
     PLACEHOLDER,
     VALUE,
@@ -304,25 +305,6 @@ async def test_requests(secrets, api):
     assert r.status_code == 200, r.text
     assert VALUE not in r.content and PLACEHOLDER in r.text
     assert upstream.seen.requests[-1]["headers"]["x-api-key"] == VALUE.decode()
-
-
-NODE = r"""
-const http = require('http'), tls = require('tls'), https = require('https');
-const [proxy, host, port, placeholder] = process.argv.slice(1);
-const req = http.request({host: '127.0.0.1', port: proxy, method: 'CONNECT',
-                          path: `${host}:${port}`});
-req.on('connect', (res, socket) => {
-  if (res.statusCode !== 200) { console.log('CONNECT', res.statusCode); process.exit(1); }
-  const get = https.request({host, port, path: '/node', headers: {'x-key': placeholder},
-    createConnection: () => tls.connect({socket, servername: host})}, (r) => {
-    let body = ''; r.on('data', (d) => body += d);
-    r.on('end', () => { console.log(r.statusCode, body); process.exit(0); });
-  });
-  get.on('error', (e) => { console.log('ERROR', e.code || e.message); process.exit(2); });
-  get.end();
-});
-req.end();
-"""
 
 
 async def test_node_trusts_the_bundle_through_node_extra_ca_certs(secrets, api):

@@ -254,6 +254,14 @@ class KubernetesBackend:
     async def adopt(self, sandbox_id: str, handle: CellHandle) -> None:
         """Nothing to reattach: a pod's egress goes through the shared egress service."""
 
+    async def cell_trust(self, sandbox_id: str) -> dict[str, str]:
+        """Pods get no CA bundle staged yet: a sandbox with secrets is refused, by name."""
+        raise ServiceError(
+            ErrorCode.NOT_IMPLEMENTED,
+            "secrets (SPEC §17) are not substituted on the Kubernetes backend yet: "
+            "create the sandbox without `secrets`, or on the local backend",
+        )
+
     async def usage(self, cell: dict[str, Any]) -> CellUsage:
         """Pods are accounted by the kubelet (metrics.k8s.io), which a manager may not be
         allowed to read; sandcell does not guess from inside the pod (docs/kubernetes.md)."""

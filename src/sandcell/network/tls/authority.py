@@ -26,13 +26,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sandcell.isolation.staging import CELL_CA_DIR
+
 CA_VALIDITY = datetime.timedelta(days=30)  # a sandbox's longest life, with room
 LEAF_VALIDITY = datetime.timedelta(days=2)
 LEAF_RENEW_BEFORE = datetime.timedelta(hours=6)  # a cached leaf this close to expiry is re-made
 BACKDATE = datetime.timedelta(minutes=5)  # clock skew between the host and a client
 SYSTEM_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
-# Where the cell sees its bundle; /run is the cell's own in host and image cells alike.
-CELL_CA_BUNDLE = "/run/sandcell/tls/ca-bundle.pem"
+BUNDLE = "ca-bundle.pem"
+CELL_CA_BUNDLE = f"{CELL_CA_DIR}/{BUNDLE}"  # the bundle as the cell sees it
 CA_ENV_NAMES = (
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
@@ -198,6 +200,11 @@ class CellTrust:
     bundle: Path
     env: dict[str, str]
 
+    @property
+    def directory(self) -> Path:
+        """What the cell binds read-only (overlays stage directories, not files)."""
+        return self.bundle.parent
+
 
 class Authorities:
     """The CAs of this process's sandboxes, minted on first use; their bundles under `root`
@@ -229,8 +236,8 @@ class Authorities:
         directory = self.root / sandbox_id
         directory.mkdir(parents=True, exist_ok=True, mode=0o755)
         system = self.system_cas.read_bytes() if self.system_cas.exists() else b""
-        bundle = directory / "ca-bundle.pem"
-        partial = directory / "ca-bundle.pem.partial"
+        bundle = directory / BUNDLE
+        partial = directory / f"{BUNDLE}.partial"
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
         partial.write_bytes(system.rstrip(b"\n") + b"\n" + ca.cert_pem)
@@ -244,7 +251,7 @@ class Authorities:
             self._cas.pop(sandbox_id, None)
         if self.root is not None:
             directory = self.root / sandbox_id
-            for name in ("ca-bundle.pem", "ca-bundle.pem.partial"):
+            for name in (BUNDLE, f"{BUNDLE}.partial"):
                 with contextlib.suppress(FileNotFoundError):
                     (directory / name).unlink()
             with contextlib.suppress(OSError):

@@ -68,12 +68,3 @@ class Substitution:
         """The sandbox is gone: its CA and what was remembered of its secrets."""
         self._seen.pop(sandbox_id, None)
         self.authorities.forget(sandbox_id)
-
-
-async def no_secrets(sandbox_id: str) -> tuple[SecretBinding, ...]:
-    """The lookup until the secrets room answers for sandboxes: none has secrets."""
-    return ()
-
-
-def not_recorded(sandbox_id: str, secret: str, host: str, decision: Decision) -> None:
-    """Decisions go only to the log until the secrets room records them."""
