@@ -21,8 +21,9 @@ import pytest
 INSTALL_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 300
 UV = Path(sys.executable).with_name("uv")  # from the dev extras
-# The venvs run the test venv's own Python; uv is never to fetch one.
-UV_ENV = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+# The venvs run the test venv's own Python, which uv is never to fetch; uv trusts the
+# system's certificates, as pip does here.
+UV_ENV = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NATIVE_TLS": "1"}
 
 
 def make_venv(where: Path, requirements: Sequence[str]) -> Path:
