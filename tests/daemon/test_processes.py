@@ -371,3 +371,18 @@ async def test_exited_output_has_a_total_budget(monkeypatch: pytest.MonkeyPatch)
     assert first.read(0)[0] == [Lost(60_000)] and second.read(0)[0] == [Lost(60_000)]
     assert last.retained == 60_000
     assert [table.get(pid).pid for pid in (101, 102, 103)] == [101, 102, 103]
+
+
+def test_start_with_follow_answers_the_process_then_its_output(client: DaemonClient):
+    """One call for a client that starts and follows (the E2B façade's Start)."""
+    r = client.signed_request(
+        "POST", "/v1/processes?follow=true", json_body={"command": "echo one; echo two >&2"}
+    )
+    assert r.status_code == 201, r.text
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert lines[0]["type"] == "process" and lines[0]["state"] == "running"
+    assert text(lines, "stdout") == b"one\n" and text(lines, "stderr") == b"two\n"
+    assert lines[-1] == {"type": "exit", "exit_code": 0, "signal": None, "timed_out": False}
+    assert output(client, lines[0]["pid"], follow=False)[-1]["type"] == "exit"
+    bad = client.signed_request("POST", "/v1/processes?follow=maybe", json_body={"command": "true"})
+    assert bad.status_code == 400

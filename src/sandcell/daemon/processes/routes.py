@@ -38,6 +38,7 @@ def _process(request: Request) -> Process:
 async def start_process(request: Request) -> Response:
     d = _daemon(request)
     req = json_of(request, schemas.StartProcess)
+    follow = _follow(request)
     cwd, env = d.command_place(req)
     launch = Launch(
         command=req.command,
@@ -52,7 +53,16 @@ async def start_process(request: Request) -> Response:
         buffer_bytes=req.max_buffer_bytes,
     )
     process = await d.processes.start(launch)
+    if follow:  # started and followed in one call (the E2B façade's Start)
+        return StreamingResponse(_started(process), status_code=201, media_type=NDJSON)
     return JSONResponse(process.info(), status_code=201)
+
+
+async def _started(process: Process) -> AsyncIterator[bytes]:
+    """The process, then its output as `GET .../output?follow=true` gives it."""
+    yield _line({"type": "process", **process.info()})
+    async for line in _output_lines(process, 0, True):
+        yield line
 
 
 async def list_processes(request: Request) -> Response:
@@ -65,11 +75,15 @@ async def get_process(request: Request) -> Response:
 
 async def process_output(request: Request) -> Response:
     offset = parse_offset(request.query_params.get("offset", "0"))
+    lines = _output_lines(_process(request), offset, _follow(request))
+    return StreamingResponse(lines, media_type=NDJSON)
+
+
+def _follow(request: Request) -> bool:
     follow = request.query_params.get("follow", "false").lower()
     if follow not in ("true", "false", "1", "0"):
         raise ServiceError(ErrorCode.BAD_REQUEST, "follow must be true or false")
-    lines = _output_lines(_process(request), offset, follow in ("true", "1"))
-    return StreamingResponse(lines, media_type=NDJSON)
+    return follow in ("true", "1")
 
 
 async def _output_lines(process: Process, offset: int, follow: bool) -> AsyncIterator[bytes]:
@@ -122,9 +136,11 @@ OPERATIONS = (
         "POST",
         "/v1/processes",
         start_process,
-        "Start a process in the background",
+        "Start a process in the background (with follow=true, answer it as an NDJSON line "
+        "of type process, then its output as GET .../output?follow=true gives it)",
         body=schemas.StartProcess,
         response=schemas.ProcessInfo,
+        query=(Query("follow", {"type": "boolean"}),),
         status=201,
         errors=(403, 404, 413, 429, 503),
     ),
