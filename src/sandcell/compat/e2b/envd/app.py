@@ -35,7 +35,7 @@ from sandcell.store import SandboxRecord
 MAX_MESSAGE_BODY = 8 * 1_048_576
 Message = dict[str, Any]
 Unary = Callable[[Gateway, SandboxRecord, Message], Awaitable[Message]]
-Stream = Callable[[Gateway, SandboxRecord, Message], AsyncIterator[Message]]
+Stream = Callable[[Gateway, SandboxRecord, connect.StreamRequest], AsyncIterator[Message]]
 Handler = Callable[[Gateway, SandboxRecord, Request], Awaitable[Response]]
 Authorise = Callable[[Gateway, Request], Awaitable[SandboxRecord]]
 UNARY: dict[str, Unary] = {
@@ -140,17 +140,18 @@ def _unary(fn: Unary) -> Handler:
 def _stream(fn: Stream) -> Handler:
     async def handler(gateway: Gateway, record: SandboxRecord, request: Request) -> Response:
         body = await read_body(request, MAX_MESSAGE_BODY)
-        events = _stream_events(fn, gateway, record, body)
-        return StreamingResponse(connect.stream(events), media_type=connect.STREAM_MEDIA)
+        timeout = connect.timeout_s(request.headers)
+        events = _stream_events(fn, gateway, record, body, timeout)
+        return StreamingResponse(connect.stream(events, timeout), media_type=connect.STREAM_MEDIA)
 
     return handler
 
 
 async def _stream_events(
-    fn: Stream, gateway: Gateway, record: SandboxRecord, body: bytes
+    fn: Stream, gateway: Gateway, record: SandboxRecord, body: bytes, timeout: float | None
 ) -> AsyncIterator[Message]:
     """A stream's events; a bad request message, too, ends the stream with its error."""
-    async for event in fn(gateway, record, connect.first_message(body)):
+    async for event in fn(gateway, record, connect.first_message(body, timeout)):
         yield event
 
 

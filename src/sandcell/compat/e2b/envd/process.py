@@ -8,10 +8,12 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sandcell.compat.e2b.envd.connect import integer, obj
+from sandcell.cellapi.limits import MAX_TIMEOUT_S
+from sandcell.compat.e2b.envd.connect import StreamRequest, integer, obj
 from sandcell.compat.e2b.gateway import Gateway, ndjson
 from sandcell.compat.e2b.paths import to_workspace
 from sandcell.errors import ErrorCode, ServiceError
+from sandcell.router.core import Answer
 from sandcell.store import SandboxRecord
 
 Event = dict[str, Any]
@@ -77,27 +79,46 @@ def _end(exit_event: dict[str, Any]) -> Event:
     return {"event": {"end": end}}
 
 
-async def _events(gateway: Gateway, record: SandboxRecord, pid: int) -> AsyncIterator[Event]:
-    response = await gateway.daemon(
-        record, "GET", f"processes/{pid}/output", query={"follow": "true", "offset": "0"}
-    )
-    async for line in ndjson(response):
-        kind = line.get("type")
-        if kind in OUTPUTS:
-            yield {"event": {"data": {kind: line["data_b64"]}}}
-        elif kind == "exit":
-            yield _end(line)
-            return
-    raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, f"process {pid}'s output ended early")
+async def _events(answer: Answer, pid: int | None) -> AsyncIterator[Event]:
+    """envd's events for the daemon's NDJSON lines (their base64 passed on as it is): the
+    start (pid None: the answer opens with the process, whose pid it gives), the output,
+    the end. The answer is read to its close after the end (it ends there), so its
+    connection goes back to the pool; one left early is closed."""
+    lines = ndjson(answer)
+    try:
+        if pid is not None:
+            yield {"event": {"start": {"pid": pid}}}
+        async for line in lines:
+            kind = line.get("type")
+            if kind in OUTPUTS:
+                yield {"event": {"data": {kind: line["data_b64"]}}}
+            elif kind == "process" and pid is None:
+                pid = int(line["pid"])
+                yield {"event": {"start": {"pid": pid}}}
+            elif kind == "exit":
+                if line.get("timed_out"):  # the stream's deadline, which killed it (`start`)
+                    raise ServiceError(ErrorCode.SANDBOX_TIMEOUT, "the stream's deadline passed")
+                yield _end(line)
+                async for _ in lines:
+                    pass
+                return
+        raise ServiceError(ErrorCode.SANDBOX_UNREACHABLE, f"process {pid}'s output ended early")
+    finally:
+        answer.close()
 
 
 async def start(
-    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+    gateway: Gateway, record: SandboxRecord, message: StreamRequest
 ) -> AsyncIterator[Event]:
-    body = json.dumps(start_body(message)).encode()
-    process = await gateway.json(record, "POST", "processes", body=body)
-    yield {"event": {"start": {"pid": process["pid"]}}}
-    async for event in _events(gateway, record, process["pid"]):
+    """One daemon call: the process started and followed. A stream deadline bounds the
+    process too, as envd's does (it is killed when the deadline passes)."""
+    body = start_body(message)
+    if message.timeout_s is not None:
+        body["timeout_s"] = min(message.timeout_s, MAX_TIMEOUT_S)
+    answer = await gateway.daemon(
+        record, "POST", "processes", body=json.dumps(body).encode(), query={"follow": "true"}
+    )
+    async for event in _events(answer, None):
         yield event
 
 
@@ -114,11 +135,15 @@ async def resolve_pid(gateway: Gateway, record: SandboxRecord, selector: dict[st
 
 
 async def connect(
-    gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
+    gateway: Gateway, record: SandboxRecord, message: StreamRequest
 ) -> AsyncIterator[Event]:
+    """The process's output from its start; a missing process ends the stream with
+    not_found before any event, as envd's does (so the SDK's connect raises)."""
     pid = await resolve_pid(gateway, record, obj(message, "process"))
-    yield {"event": {"start": {"pid": pid}}}
-    async for event in _events(gateway, record, pid):
+    answer = await gateway.daemon(
+        record, "GET", f"processes/{pid}/output", query={"follow": "true", "offset": "0"}
+    )
+    async for event in _events(answer, pid):
         yield event
 
 
@@ -167,7 +192,13 @@ async def send_signal(
     if name is None:
         raise ServiceError(ErrorCode.BAD_REQUEST, f"unknown signal {message.get('signal')!r}")
     body = json.dumps({"signal": name}).encode()
-    await gateway.daemon(record, "POST", f"processes/{pid}/signal", body=body)
+    try:
+        await gateway.daemon(record, "POST", f"processes/{pid}/signal", body=body)
+    except ServiceError as exc:
+        # envd keeps no exited process to signal: the SDK's kill() answers False for it.
+        if exc.code is not ErrorCode.CONFLICT:
+            raise
+        raise ServiceError(ErrorCode.NOT_FOUND, f"process with pid {pid} not found") from exc
     return {}
 
 
