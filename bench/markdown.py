@@ -16,6 +16,9 @@ EXTRA = (
     "exec_ok",
     "cells_left_after_delete",
     "router_cpu_ms_per_exec",
+    "ratio",
+    "p99_ratio",
+    "daemon_calls_per_run",
 )
 
 
