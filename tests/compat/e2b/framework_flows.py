@@ -97,7 +97,7 @@ def crewai_tools() -> dict[str, Part]:
             listed = files.run(action="list", path=home)["entries"]
             assert [(e["name"], e["size"]) for e in listed] == [("a.txt", 11), ("b.txt", 8)]
             info = files.run(action="info", path=f"{home}/a.txt")
-            assert (info["permissions"], info["owner"]) == ("-rw-r--r--", "sandbox"), info
+            assert (info["permissions"], info["owner"]) == ("-rw-r--r--", "user"), info
             files.run(action="delete", path=f"{home}/a.txt")
             assert not files.run(action="exists", path=f"{home}/a.txt")["exists"]
         finally:

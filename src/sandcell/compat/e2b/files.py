@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.compat.e2b import cellfiles
+from sandcell.compat.e2b.envd import watch
 from sandcell.compat.e2b.envd.filesystem import METADATA_PREFIX, e2b_metadata
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import to_cell, to_e2b
@@ -77,13 +78,27 @@ async def _put(
     query = {"path": to_cell(path)}
     if metadata:
         query["metadata"] = json.dumps({METADATA_PREFIX + k: v for k, v in metadata.items()})
+    watched = bool(watch.watching(record.id, query["path"]))
+    created = watched and not await _exists(gateway, record, query["path"])
     answer = await cellfiles.send(gateway, record, "PUT", query=query, stream=chunks, length=length)
     entry = await answer.json()
+    if watched:
+        watch.wrote(record.id, entry, created)
     written: dict[str, Any] = {"name": entry["name"], "type": "file", "path": to_e2b(entry["path"])}
     kept = e2b_metadata(entry)
     if kept:
         written["metadata"] = kept
     return written
+
+
+async def _exists(gateway: Gateway, record: SandboxRecord, path: str) -> bool:
+    try:
+        await cellfiles.send(gateway, record, "GET", "stat", query={"path": path})
+    except ServiceError as exc:
+        if exc.code is not ErrorCode.FILE_NOT_FOUND:
+            raise
+        return False
+    return True
 
 
 def _metadata(request: Request) -> dict[str, str]:

@@ -29,7 +29,8 @@ def _instant(field: str, text: str) -> float:
 
 def _filter(rows: list[dict[str, Any]], request: Request) -> list[dict[str, Any]]:
     """E2B's list query: `metadata` (an urlencoded `k=v&...` string), `state`, `template`
-    (E2B's name or sandcell's), `startedAfter`, and `order` by start (asc by default)."""
+    (E2B's name or sandcell's), `startedAfter` (inclusive: a sandbox's own start finds it),
+    and `order` by start (newest first by default, as E2B lists)."""
     query = request.query_params
     # The SDK quotes each key and value, then urlencodes the lot: two decodings.
     wanted = [(unquote(k), unquote(v)) for k, v in parse_qsl(query.get("metadata", ""))]
@@ -40,12 +41,17 @@ def _filter(rows: list[dict[str, Any]], request: Request) -> list[dict[str, Any]
         rows = [r for r in rows if r["templateID"] in (template, _template(template))]
     if after := query.get("startedAfter"):
         since = _instant("startedAfter", after)
-        rows = [r for r in rows if _instant("startedAt", r["startedAt"]) > since]
-    order = query.get("order", "asc")
+        rows = [r for r in rows if _instant("startedAt", r["startedAt"]) >= since]
+    rows.sort(key=_sandbox_key, reverse=descending(request, "desc"))
+    return rows
+
+
+def descending(request: Request, default: str) -> bool:
+    """Whether a list's `order` (`default` when absent) is newest first."""
+    order = request.query_params.get("order", default)
     if order not in ("asc", "desc"):
         raise _refused("order", "must be asc or desc")
-    rows.sort(key=_sandbox_key, reverse=order == "desc")
-    return rows
+    return order == "desc"
 
 
 def _sandbox_key(row: dict[str, Any]) -> str:
@@ -61,13 +67,14 @@ def _limit(request: Request, most: int) -> int | None:
     return int(raw)
 
 
-def _page(request: Request, rows: list[Row], key: Callable[[Row], str]) -> tuple[list[Row], dict]:
-    """E2B's pagination over `rows` sorted by `key` (ascending, or descending with `order=
-    desc`): `limit` rows after the `nextToken` (the last row's key), and `X-Next-Token` when
-    more follow. A key orders, so a row deleted between pages loses no other."""
+def _page(
+    request: Request, rows: list[Row], key: Callable[[Row], str], desc: bool = False
+) -> tuple[list[Row], dict]:
+    """E2B's pagination over `rows` sorted by `key` (descending when `desc`): `limit` rows
+    after the `nextToken` (the last row's key), and `X-Next-Token` when more follow. A key
+    orders, so a row deleted between pages loses no other."""
     limit = _limit(request, MAX_PAGE)
     if after := request.query_params.get("nextToken"):
-        desc = request.query_params.get("order") == "desc"
         rows = [r for r in rows if (key(r) < after if desc else key(r) > after)]
     page = rows if limit is None else rows[:limit]
     return page, ({"X-Next-Token": key(page[-1])} if len(rows) > len(page) else {})

@@ -22,7 +22,7 @@ from sandcell.compat.e2b.control.common import (
     _view,
 )
 from sandcell.compat.e2b.control.lifecycle import _lifecycle
-from sandcell.compat.e2b.control.listing import _filter, _page, _sandbox_key
+from sandcell.compat.e2b.control.listing import _filter, _page, _sandbox_key, descending
 from sandcell.compat.e2b.control.metrics import Samples
 from sandcell.compat.e2b.control.network import _network, _within_max
 from sandcell.compat.e2b.control.snapshots import SNAPSHOT
@@ -94,7 +94,7 @@ async def describe(gateway: Gateway, principal: Principal, request: Request) -> 
 async def list_sandboxes(gateway: Gateway, principal: Principal, request: Request) -> Response:
     records = await gateway.router.store.list_sandboxes(None if principal.admin else principal.name)
     rows = _filter([_view(gateway, r) for r in records if r.state != "deleted"], request)
-    page, headers = _page(request, rows, _sandbox_key)
+    page, headers = _page(request, rows, _sandbox_key, descending(request, "desc"))
     return JSONResponse(page, headers=headers)
 
 

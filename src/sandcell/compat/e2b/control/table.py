@@ -44,7 +44,7 @@ _LIST_QUERY = (
     Query("state", {"type": "string"}, description="running,paused"),
     Query("template", {"type": "string"}),
     Query("startedAfter", {"type": "string"}, description="RFC 3339"),
-    Query("order", {"type": "string"}, description="asc (default) or desc, by start"),
+    Query("order", {"type": "string"}, description="desc (default: newest first) or asc, by start"),
     Query("limit", {"type": "integer"}, description=f"at most {MAX_PAGE}; absent: all"),
     Query("nextToken", {"type": "string"}, description="from X-Next-Token"),
 )

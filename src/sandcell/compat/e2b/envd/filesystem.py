@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import stat
 from typing import Any
 
@@ -18,6 +19,9 @@ TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FIL
 KIND_BITS = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
 
 
+# The cell's one unprivileged user goes by E2B's name for the sandbox's user.
+OWNER_NAMES = {"sandbox": "user"}
+MAX_LINK_HOPS = 8
 METADATA_PREFIX = "e2b."  # E2B's metadata is `user.e2b.<key>`; the daemon drops `user.`
 
 
@@ -37,8 +41,8 @@ def entry_info(entry: dict[str, Any]) -> dict[str, Any]:
         "size": str(entry.get("size", 0)),
         "mode": mode,
         "permissions": stat.filemode(KIND_BITS.get(entry["type"], 0) | mode),
-        "owner": entry.get("owner") or "user",
-        "group": entry.get("group") or "user",
+        "owner": OWNER_NAMES.get(entry.get("owner") or "user", entry.get("owner")),
+        "group": OWNER_NAMES.get(entry.get("group") or "user", entry.get("group")),
         "modifiedTime": entry.get("modified"),
         "isSymlink": entry["type"] == "symlink",
     }
@@ -61,10 +65,32 @@ async def _stat(gateway: Gateway, record: SandboxRecord, path: str) -> dict[str,
     return await cellfiles.json(gateway, record, "GET", "stat", query={"path": path})
 
 
+async def followed(
+    gateway: Gateway, record: SandboxRecord, entry: dict[str, Any]
+) -> dict[str, Any]:
+    """`entry`, a symlink followed as envd does: the type of what it finally names, and that
+    absolute path as its target. A link out of the files API's reach, dangling or looping
+    stays a symlink with its target made absolute."""
+    if entry["type"] != "symlink" or entry.get("target") is None:
+        return entry
+    link, final = to_e2b(entry["path"]), dict(entry)
+    for _ in range(MAX_LINK_HOPS):
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(link), final["target"]))
+        try:
+            final = await _stat(gateway, record, to_cell(target))
+        except ServiceError:
+            return {**entry, "target": target}
+        if final["type"] != "symlink" or final.get("target") is None:
+            return {**entry, "type": final["type"], "target": target}
+        link = target
+    return {**entry, "target": target}
+
+
 async def stat_entry(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> dict[str, Any]:
-    return {"entry": entry_info(await _stat(gateway, record, path_of(message)))}
+    entry = await _stat(gateway, record, path_of(message))
+    return {"entry": entry_info(await followed(gateway, record, entry))}
 
 
 async def make_dir(
@@ -111,7 +137,7 @@ async def list_dir(
     depth = max(1, integer(message.get("depth"), "depth", 1))
     query = {"path": path_of(message), "depth": str(depth)}
     listed = await cellfiles.json(gateway, record, "GET", "list", query=query)
-    return {"entries": [entry_info(e) for e in listed["entries"]]}
+    return {"entries": [entry_info(await followed(gateway, record, e)) for e in listed["entries"]]}
 
 
 UNARY = {

@@ -3,16 +3,20 @@ RemoveWatcher) by polling: sandcell's daemon has no file-change events, so a wat
 successive listings of the directory and reports what appeared, changed and went.
 
 Changes between two polls are seen as their net effect (a file made and removed in between is
-not seen). Watchers live in the router process that made them, bounded in number.
+not seen). A file written through the façade's own files API is reported at once, as envd's
+upload reports it (CREATE for a new file, CHMOD for the owner it is given, WRITE), and the
+poll then sees nothing new of it. Watchers live in the router process that made them,
+bounded in number.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sandcell.compat.e2b import cellfiles
@@ -60,24 +64,82 @@ def _events(root: str, old: Snapshot, new: Snapshot, include_entry: bool) -> lis
     return events
 
 
-@dataclass
+def _within(root: str, path: str, recursive: bool) -> bool:
+    """Whether a watch of `root` sees `path` (cell paths: workspace-relative, or /tmp/...)."""
+    if root == ".":
+        inside = not path.startswith("/")
+        rest = path
+    else:
+        inside = path.startswith(root + "/")
+        rest = path[len(root) + 1 :]
+    return inside and ((recursive and rest.count("/") < RECURSIVE_DEPTH) or "/" not in rest)
+
+
+# What envd's upload does to a file, as its watchers see it: created (or truncated), given
+# the sandbox user as owner, then written.
+UPLOAD_NEW = ("EVENT_TYPE_CREATE", "EVENT_TYPE_CHMOD", "EVENT_TYPE_WRITE")
+UPLOAD_EXISTING = ("EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD", "EVENT_TYPE_WRITE")
+
+
+@dataclass(eq=False)
 class Watcher:
     sandbox_id: str
     path: str
     recursive: bool
     include_entry: bool
     seen: Snapshot
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def poll(self, gateway: Gateway, record: SandboxRecord) -> list[dict[str, Any]]:
         now = await _snapshot(gateway, record, self.path, self.recursive)
-        events, self.seen = _events(self.path, self.seen, now, self.include_entry), now
+        events, self.pending = self.pending, []
+        self.wake.clear()
+        events += _events(self.path, self.seen, now, self.include_entry)
+        self.seen = now
         return events
+
+    def wrote(self, entry: dict[str, Any], created: bool) -> None:
+        """A file written through the files API: reported now, and known to the next poll."""
+        path = entry["path"]
+        name = _name(self.path, path)
+        for kind in UPLOAD_NEW if created else UPLOAD_EXISTING:
+            event: dict[str, Any] = {"name": name, "type": kind}
+            if self.include_entry:
+                event["entry"] = entry_info(entry)
+            self.pending.append(event)
+        self.seen[path] = entry
+        self.wake.set()
+
+
+LIVE: dict[str, set[Watcher]] = {}  # sandbox id: its watchers of either kind
+
+
+def watching(sandbox_id: str, path: str) -> list[Watcher]:
+    """The watchers of a sandbox that see `path` (a cell path)."""
+    return [w for w in LIVE.get(sandbox_id, ()) if _within(w.path, path, w.recursive)]
+
+
+def wrote(sandbox_id: str, entry: dict[str, Any], created: bool) -> None:
+    """Tells the sandbox's watchers of `entry`, a file the files API has written."""
+    for watcher in watching(sandbox_id, entry["path"]):
+        watcher.wrote(entry, created)
+
+
+def _forget(watcher: Watcher) -> None:
+    mine = LIVE.get(watcher.sandbox_id)
+    if mine is not None:
+        mine.discard(watcher)
+        if not mine:
+            del LIVE[watcher.sandbox_id]
 
 
 async def _start(gateway: Gateway, record: SandboxRecord, message: dict[str, Any]) -> Watcher:
     path, recursive = posixpath.normpath(path_of(message)), message.get("recursive") is True
     seen = await _snapshot(gateway, record, path, recursive)
-    return Watcher(record.id, path, recursive, message.get("includeEntry") is True, seen)
+    watcher = Watcher(record.id, path, recursive, message.get("includeEntry") is True, seen)
+    LIVE.setdefault(record.id, set()).add(watcher)
+    return watcher
 
 
 class Watchers:
@@ -110,8 +172,9 @@ class Watchers:
     async def remove(
         self, gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
     ) -> dict[str, Any]:
-        watcher_id, _ = self._get(record, message)
+        watcher_id, watcher = self._get(record, message)
         del self._by_id[watcher_id]
+        _forget(watcher)
         return {}
 
 
@@ -119,11 +182,16 @@ async def watch_dir(
     gateway: Gateway, record: SandboxRecord, message: dict[str, Any]
 ) -> AsyncIterator[dict[str, Any]]:
     watcher = await _start(gateway, record, message)
-    yield {"start": {}}
-    while True:
-        await asyncio.sleep(POLL_S)
-        for event in await watcher.poll(gateway, record):
-            yield {"filesystem": event}
+    try:
+        yield {"start": {}}
+        while True:
+            # A poll every POLL_S, or at once when the files API has written something seen.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watcher.wake.wait(), POLL_S)
+            for event in await watcher.poll(gateway, record):
+                yield {"filesystem": event}
+    finally:
+        _forget(watcher)
 
 
 WATCHERS = Watchers()
