@@ -195,8 +195,9 @@ class EgressService:
             server.close()
 
     async def close(self) -> None:
+        """Stops serving; the sandboxes' CAs stay (a restarted server adopts their cells)."""
         for sandbox_id in list(self._sandboxes):
-            await self.detach(sandbox_id)
+            self._close_listeners(sandbox_id)
 
     @property
     def held(self) -> int:

@@ -20,6 +20,29 @@ VALUE = "ghp_cellvalue0123456789-never-in-the-cell"
 NO_BYPASS = {"NO_PROXY": "", "no_proxy": ""}  # SPEC §11: the upstream is on host loopback
 
 
+CONFIG = """
+[server]
+upstream_ca_file = "{ca}"
+
+[templates.default]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+warm_pool = 0
+network_max = "open"
+network_internal = true
+"""
+
+
+def _with_secret(c: httpx.Client, upstream: Upstream) -> str:
+    body = {"name": "API_TOKEN", "value": VALUE, "hosts": ["localhost"]}
+    assert c.post("/v1/secrets", json=body).status_code == 201
+    network = {"egress": "allowlist", "allow": [f"127.0.0.1:{upstream.port}"]}
+    r = c.post("/v1/sandboxes", json={"secrets": ["API_TOKEN"], "network": network})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
     upstream = Upstream(CA.server_context("localhost"))
@@ -34,18 +57,7 @@ CA = UpstreamCA.make()
 def server(tmp_path_factory: pytest.TempPathFactory, upstream: Upstream) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("tls-e2e")
     (root / "upstream-ca.pem").write_bytes(CA.pem())
-    config = f"""
-[server]
-upstream_ca_file = "{root / "upstream-ca.pem"}"
-
-[templates.default]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_max = "open"
-network_internal = true
-"""
+    config = CONFIG.format(ca=root / "upstream-ca.pem")
     srv = start_server(root / "data", config_text=config)
     yield srv
     srv.stop()
@@ -55,12 +67,7 @@ network_internal = true
 def sandbox(server: RunningServer, upstream: Upstream) -> Iterator[tuple[httpx.Client, str]]:
     key = server.create_key("alice")
     with server.client(key) as c:
-        body = {"name": "API_TOKEN", "value": VALUE, "hosts": ["localhost"]}
-        assert c.post("/v1/secrets", json=body).status_code == 201
-        network = {"egress": "allowlist", "allow": [f"127.0.0.1:{upstream.port}"]}
-        r = c.post("/v1/sandboxes", json={"secrets": ["API_TOKEN"], "network": network})
-        assert r.status_code == 201, r.text
-        sandbox_id = r.json()["id"]
+        sandbox_id = _with_secret(c, upstream)
         yield c, sandbox_id
         c.delete(f"/v1/sandboxes/{sandbox_id}")
 
@@ -173,6 +180,37 @@ def test_plain_http_and_a_deleted_secret_are_refused(sandbox, upstream):
     out = run(c, sbx, f'curl -sS -H "x: $API_TOKEN" https://localhost:{upstream.port}/gone')
     assert "'API_TOKEN'" in out["stdout"] and "no such secret" in out["stdout"], out
     assert all(q["path"] != "/gone" for q in upstream.seen.requests)
+
+
+def test_a_restart_and_a_pause_keep_substitution_working(tmp_path, upstream):
+    """A restarted server keeps the CA its cells trust; a resumed sandbox (a new cell) gets
+    a bundle of its own again."""
+    (tmp_path / "ca.pem").write_bytes(CA.pem())
+    config = CONFIG.format(ca=tmp_path / "ca.pem")
+    curl = f'curl -sS --fail-with-body -H "x-key: $API_TOKEN" https://localhost:{upstream.port}/r'
+    first = start_server(tmp_path / "data", config_text=config)
+    try:
+        key = first.create_key("bob")
+        with first.client(key) as c:
+            sbx = _with_secret(c, upstream)
+            assert run(c, sbx, curl)["exit_code"] == 0
+    finally:
+        first.stop()  # the sandbox keeps running, for the next start to adopt
+    second = start_server(tmp_path / "data", config_text=config)
+    try:
+        with second.client(key) as c:
+            try:
+                out = run(c, sbx, curl)
+                assert out["exit_code"] == 0, out
+                assert c.post(f"/v1/sandboxes/{sbx}/pause").status_code == 200
+                assert c.post(f"/v1/sandboxes/{sbx}/resume").status_code == 200
+                out = run(c, sbx, curl)
+                assert out["exit_code"] == 0, out
+                assert upstream.seen.requests[-1]["headers"]["x-key"] == VALUE
+            finally:
+                c.delete(f"/v1/sandboxes/{sbx}")
+    finally:
+        second.stop()
 
 
 def quote(text: str) -> str:

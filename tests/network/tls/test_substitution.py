@@ -214,19 +214,28 @@ async def test_a_sandbox_cannot_use_another_sandboxs_ca(secrets, api):
     assert upstream.seen.requests == []
 
 
-async def test_the_ca_is_constrained_and_its_key_stays_in_memory(secrets, api):
-    bundle = secrets.bundle()
-    assert bundle.stat().st_mode & 0o777 == 0o444
-    files = [p for p in secrets.root.joinpath("tls").rglob("*") if p.is_file()]
-    assert files == [bundle]
-    text = bundle.read_bytes()
+async def test_the_ca_is_constrained_and_its_key_stays_beside_the_cells_directory(secrets, api):
+    trust = secrets.substitution.authorities.trust_for("sbx-a", {"api.test", "other.test"})
+    assert trust.bundle.stat().st_mode & 0o777 == 0o444
+    assert [p.name for p in trust.directory.iterdir()] == ["ca-bundle.pem"]  # what cells bind
+    text = trust.bundle.read_bytes()
     assert b"PRIVATE KEY" not in text and VALUE not in text
+    key = trust.directory.parent / "ca-key.pem"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert trust.directory.parent.stat().st_mode & 0o777 == 0o700
     ca = secrets.substitution.authorities.known("sbx-a")
     assert ca is not None and ca.hosts == {"api.test", "other.test"}
     from cryptography import x509
 
     constraints = ca.cert.extensions.get_extension_for_class(x509.NameConstraints).value
     assert {n.value for n in constraints.permitted_subtrees} == {"api.test", "other.test"}
+    # A restarted server (a new Authorities on the same directory) keeps the CA cells trust.
+    from sandcell.network.tls.authority import Authorities
+
+    again = Authorities(secrets.root / "tls").of("sbx-a")
+    assert again.cert == ca.cert and again.hosts == ca.hosts
+    secrets.substitution.forget("sbx-a")
+    assert not trust.directory.parent.exists()
 
 
 async def test_alpn_offers_http_1_1_only(secrets, api):

@@ -1,11 +1,12 @@
 """A certificate authority per sandbox, and the leaf certificates it signs for the hosts the
 sandbox's secrets name.
 
-The CA's private key exists only in this process's memory: it is never written to a file, let
-alone into the cell. A leaf's key reaches OpenSSL through a memfd (Python's `ssl` loads keys
-from paths only), which no other process can open. The CA is name-constrained to the hosts its
-sandbox's secrets named when it was minted, so even a leaked CA key could vouch for nothing
-else; the cell trusts it through a read-only bundle (the system CAs plus this CA) that
+The CA's private key never enters the cell: it lives in this process's memory and in a 0600
+file under the data dir (so a restarted server keeps the CA its cells trust), beside, never
+inside, the one directory a cell binds. A leaf's key is never written anywhere: it reaches
+OpenSSL through a memfd (Python's `ssl` loads keys from paths only). A CA minted with the
+hosts of its sandbox's secrets is name-constrained to them, so even its leaked key could vouch
+for nothing else; the cell trusts it through a read-only bundle (the system CAs plus this CA) that
 `CellTrust` names and the environment variables of SPEC §17 point to.
 """
 
@@ -15,6 +16,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import shutil
 import ssl
 import threading
 from collections.abc import Iterable, Iterator
@@ -207,8 +209,10 @@ class CellTrust:
 
 
 class Authorities:
-    """The CAs of this process's sandboxes, minted on first use; their bundles under `root`
-    (outside every cell: one directory per sandbox, the bundle 0444)."""
+    """The CAs of this process's sandboxes, minted on first use. Under `root` (the data dir's,
+    0700, outside every cell), one directory per sandbox: its CA's key (0600) and certificate,
+    so that a restarted server keeps the CA its cells already trust, and `cell/`, the one
+    directory a cell binds (read-only), holding only the bundle (0444)."""
 
     def __init__(self, root: Path | None = None, system_cas: Path = SYSTEM_CA_FILE) -> None:
         self.root = root
@@ -217,42 +221,90 @@ class Authorities:
         self._lock = threading.Lock()
 
     def of(self, sandbox_id: str, hosts: Iterable[str] = ()) -> SandboxCA:
-        """The sandbox's CA; `hosts` constrains a new one (a known one stays as minted)."""
+        """The sandbox's CA: known, kept from before a restart, or new (`hosts` constrains
+        a new one; a known one stays as minted)."""
         with self._lock:
-            ca = self._cas.get(sandbox_id)
+            ca = self._cas.get(sandbox_id) or self._load(sandbox_id)
             if ca is None:
-                ca = self._cas[sandbox_id] = SandboxCA.mint(sandbox_id, hosts)
+                ca = SandboxCA.mint(sandbox_id, hosts)
+                self._keep(ca)
+            self._cas[sandbox_id] = ca
             return ca
 
     def known(self, sandbox_id: str) -> SandboxCA | None:
         return self._cas.get(sandbox_id)
 
-    def trust_for(self, sandbox_id: str, hosts: Iterable[str]) -> CellTrust:
-        """Mints the sandbox's CA for `hosts` and writes its bundle; what the create path of a
-        sandbox with secrets calls before the cell starts."""
+    def _directory(self, sandbox_id: str) -> Path | None:
         if self.root is None:
-            raise RuntimeError("no directory for CA bundles was configured")
+            return None
+        if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
+            raise ValueError(f"invalid sandbox id {sandbox_id!r}")
+        return self.root / sandbox_id
+
+    def _keep(self, ca: SandboxCA) -> None:
+        directory = self._directory(ca.sandbox_id)
+        if directory is None:
+            return
+        directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.mkdir(exist_ok=True, mode=0o700)
+        key = ca._key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        _write(directory / "ca-key.pem", key, 0o600)
+        _write(directory / "ca.pem", ca.cert_pem, 0o644)
+
+    def _load(self, sandbox_id: str) -> SandboxCA | None:
+        directory = self._directory(sandbox_id)
+        if directory is None:
+            return None
+        try:
+            key = serialization.load_pem_private_key((directory / "ca-key.pem").read_bytes(), None)
+            cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or cert.not_valid_after_utc < _now():
+            return None
+        try:
+            constraints = cert.extensions.get_extension_for_class(x509.NameConstraints).value
+            hosts = frozenset(str(n.value) for n in constraints.permitted_subtrees or ())
+        except x509.ExtensionNotFound:
+            hosts = frozenset()
+        return SandboxCA(sandbox_id, hosts, key, cert)
+
+    def trust_for(self, sandbox_id: str, hosts: Iterable[str]) -> CellTrust:
+        """The sandbox's CA (minted for `hosts` if new) and its bundle, written for the cell;
+        what the create path of a sandbox with secrets calls before the cell starts."""
         ca = self.of(sandbox_id, hosts)
-        directory = self.root / sandbox_id
-        directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        directory = self._directory(sandbox_id)
+        if directory is None:
+            raise RuntimeError("no directory for CA bundles was configured")
+        cell = directory / "cell"
+        cell.mkdir(exist_ok=True, mode=0o755)
         system = self.system_cas.read_bytes() if self.system_cas.exists() else b""
-        bundle = directory / BUNDLE
-        partial = directory / f"{BUNDLE}.partial"
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        partial.write_bytes(system.rstrip(b"\n") + b"\n" + ca.cert_pem)
-        partial.chmod(0o444)
-        os.replace(partial, bundle)
+        bundle = cell / BUNDLE
+        _write(bundle, system.rstrip(b"\n") + b"\n" + ca.cert_pem, 0o444)
         return CellTrust(bundle, {name: CELL_CA_BUNDLE for name in CA_ENV_NAMES})
 
     def forget(self, sandbox_id: str) -> None:
-        """A deleted sandbox: its CA goes (key included), and its bundle."""
+        """A deleted sandbox: its CA goes, key and bundle included."""
         with self._lock:
             self._cas.pop(sandbox_id, None)
-        if self.root is not None:
-            directory = self.root / sandbox_id
-            for name in (BUNDLE, f"{BUNDLE}.partial"):
-                with contextlib.suppress(FileNotFoundError):
-                    (directory / name).unlink()
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+        directory = self._directory(sandbox_id)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """`data` at `path` with `mode` from its first byte, replaced atomically."""
+    partial = path.with_name(path.name + ".partial")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.chmod(partial, mode)  # whatever the umask took away
+    os.replace(partial, path)
