@@ -19,7 +19,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from e2b import CommandExitException, NotFoundException
+import httpx
+from e2b import CommandExitException, NotFoundException, PtySize
 
 DIR = "/home/user/matrix"
 OPTS = {"proxy": os.environ["MATRIX_PROXY"]} if "MATRIX_PROXY" in os.environ else {}
@@ -52,6 +53,21 @@ def sandbox_flow(sandbox_cls: type) -> None:
         assert sbx.files.exists(f"{DIR}/a.txt")
         # Commands start in /home/user and see what the files API wrote there.
         assert sbx.commands.run("cat matrix/a.txt").stdout == "from the matrix"
+        assert sbx.files.make_dir(f"{DIR}/sub")
+        sbx.files.write(f"{DIR}/c.txt", b"\x00bytes")
+        assert sbx.files.rename(f"{DIR}/c.txt", f"{DIR}/sub/c.txt").path == f"{DIR}/sub/c.txt"
+        assert sbx.files.get_info(f"{DIR}/sub/c.txt").size == 6
+        assert sbx.files.read(f"{DIR}/sub/c.txt", format="bytes") == b"\x00bytes"
+        sbx.files.remove(f"{DIR}/sub")
+        assert not sbx.files.exists(f"{DIR}/sub")
+        # A signed URL, at the path the SDK builds (sandbox, path and operation in it).
+        assert httpx.get(sbx.download_url(f"{DIR}/a.txt"), **OPTS).text == "from the matrix"
+
+        seen_pty: list[bytes] = []
+        terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+        sbx.pty.send_stdin(terminal.pid, b"echo pty$((1 + 1)); exit 0\n")
+        terminal.wait(on_pty=seen_pty.append)
+        assert b"pty2" in b"".join(seen_pty), seen_pty
 
         info = sbx.get_info()
         assert info.sandbox_id == sbx.sandbox_id
@@ -62,9 +78,14 @@ def sandbox_flow(sandbox_cls: type) -> None:
 
         # A second client of the same sandbox, as a process that only knows its id
         # (older SDKs send envd calls without E2b-Sandbox-Id after connect).
+        late = sbx.commands.run("read go; echo late", background=True, stdin=True)
         other = sandbox_cls.connect(sbx.sandbox_id, **OPTS)
         assert other.commands.run("echo connected").stdout == "connected\n"
         assert other.files.read(f"{DIR}/a.txt") == "from the matrix"
+        joined = other.commands.connect(late.pid)  # the first client's process
+        other.commands.send_stdin(late.pid, "\n")
+        assert joined.wait().stdout == "late\n"
+        assert isinstance(sbx.get_metrics(), list)
     finally:
         sbx.kill()
     assert not sbx.is_running()

@@ -38,6 +38,24 @@ async function sandboxFlow() {
     assert.equal(await sbx.files.exists(`${DIR}/a.txt`), true);
     // Commands start in /home/user and see what the files API wrote there.
     assert.equal((await sbx.commands.run("cat matrix/a.txt")).stdout, "from the matrix");
+    assert.equal(await sbx.files.makeDir(`${DIR}/sub`), true);
+    const bytes = new Uint8Array([0, 98, 121, 116, 101, 115]);
+    await sbx.files.write(`${DIR}/c.txt`, bytes.buffer);
+    const moved = await sbx.files.rename(`${DIR}/c.txt`, `${DIR}/sub/c.txt`);
+    assert.equal(moved.path, `${DIR}/sub/c.txt`);
+    assert.equal((await sbx.files.getInfo(`${DIR}/sub/c.txt`)).size, 6);
+    assert.deepEqual(await sbx.files.read(`${DIR}/sub/c.txt`, { format: "bytes" }), bytes);
+    await sbx.files.remove(`${DIR}/sub`);
+    assert.equal(await sbx.files.exists(`${DIR}/sub`), false);
+    // A signed URL, at the path the SDK builds (sandbox, path and operation in it).
+    const url = await sbx.downloadUrl(`${DIR}/a.txt`);
+    assert.equal(await (await fetch(url)).text(), "from the matrix");
+
+    const seenPty = [];
+    const terminal = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => seenPty.push(d) });
+    await sbx.pty.sendInput(terminal.pid, new TextEncoder().encode("echo pty$((1 + 1)); exit 0\n"));
+    await terminal.wait();
+    assert.ok(Buffer.concat(seenPty).includes("pty2"), Buffer.concat(seenPty).toString());
 
     const info = await sbx.getInfo();
     assert.equal(info.sandboxId, sbx.sandboxId);
@@ -46,9 +64,14 @@ async function sandboxFlow() {
     const left = ((await sbx.getInfo()).endAt.getTime() - Date.now()) / 1000;
     assert.ok(left > 90 && left <= 101, `${left} s left`);
 
+    const late = await sbx.commands.run("read go; echo late", { background: true, stdin: true });
     const other = await Sandbox.connect(sbx.sandboxId);
     assert.equal((await other.commands.run("echo connected")).stdout, "connected\n");
     assert.equal(await other.files.read(`${DIR}/a.txt`), "from the matrix");
+    const joined = await other.commands.connect(late.pid); // the first client's process
+    await other.commands.sendStdin(late.pid, "\n");
+    assert.equal((await joined.wait()).stdout, "late\n");
+    assert.ok(Array.isArray(await sbx.getMetrics()));
   } finally {
     await sbx.kill();
   }
