@@ -142,3 +142,9 @@ def test_killing_an_exited_command_answers_false(sbx: Sandbox) -> None:
     handle = sbx.commands.run("true", background=True)
     handle.wait()
     assert sbx.commands.kill(handle.pid) is False
+
+
+def test_a_run_past_its_timeout_kills_the_command(sbx: Sandbox) -> None:
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30; echo sync", timeout=1)
+    assert _within(10, lambda: not _running(sbx, "sleep 30; echo sync"))
