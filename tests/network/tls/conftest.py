@@ -4,13 +4,16 @@ loopback), and HTTPS upstreams on loopback with a CA of the test's own, trusted 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import http.server
+import io
 import json
 import os
 import ssl
 import threading
+import zipfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +163,27 @@ class Seen:
     requests: list[dict] = field(default_factory=list)
 
 
-def _handler(seen: Seen) -> type[http.server.BaseHTTPRequestHandler]:
+WHEEL_NAME = "sandpkg-1.0-py3-none-any.whl"
+
+
+def wheel() -> bytes:
+    """A minimal pure-Python wheel, `sandpkg` 1.0, for pip to install from the index."""
+    files = {
+        "sandpkg/__init__.py": b"VERSION = '1.0'\n",
+        "sandpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: sandpkg\nVersion: 1.0\n",
+        "sandpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "sandpkg-1.0.dist-info/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("sandpkg-1.0.dist-info/RECORD", record)
+    return buffer.getvalue()
+
+
+def _handler(seen: Seen, index_auth: bytes | None) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -185,6 +208,9 @@ def _handler(seen: Seen) -> type[http.server.BaseHTTPRequestHandler]:
                 "body": body.decode("latin-1"),
             }
             seen.requests.append(record)
+            if self.path.startswith(("/simple/", "/files/")):
+                self._index()
+                return
             if self.path.startswith("/split"):
                 # The secret's value echoed across many small chunks (each 5 bytes).
                 auth = self.headers.get("authorization", "").encode()
@@ -216,6 +242,26 @@ def _handler(seen: Seen) -> type[http.server.BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(out)
 
+        def _index(self) -> None:
+            """A PEP 503 index of one package, behind Basic credentials (user:token)."""
+            expected = b"Basic " + base64.b64encode(index_auth or b"")
+            if self.headers.get("authorization", "").encode() != expected:
+                self.send_response(401)
+                self.send_header("www-authenticate", 'Basic realm="index"')
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            if self.path.startswith("/files/"):
+                body, kind = wheel(), "application/octet-stream"
+            else:
+                body = f'<a href="/files/{WHEEL_NAME}">{WHEEL_NAME}</a>'.encode()
+                kind = "text/html"
+            self.send_response(200)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         do_GET = do_POST = do_PUT = _serve
 
         def log_message(self, *args: object) -> None:
@@ -225,9 +271,10 @@ def _handler(seen: Seen) -> type[http.server.BaseHTTPRequestHandler]:
 
 
 class Upstream:
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, context: ssl.SSLContext, index_auth: bytes | None = None) -> None:
         self.seen = Seen()
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.seen))
+        handler = _handler(self.seen, index_auth)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]

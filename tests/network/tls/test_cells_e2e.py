@@ -45,7 +45,7 @@ def _with_secret(c: httpx.Client, upstream: Upstream) -> str:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
-    upstream = Upstream(CA.server_context("localhost"))
+    upstream = Upstream(CA.server_context("localhost"), index_auth=f"__token__:{VALUE}".encode())
     yield upstream
     upstream.close()
 
@@ -152,6 +152,22 @@ for pid in os.listdir("/proc"):
             pass
 print("searched")
 """
+
+
+def test_pip_installs_from_an_index_behind_the_secret(sandbox, upstream):
+    """pip trusts the bundle through PIP_CERT; the index URL's credentials carry the
+    placeholder, which pip sends as Basic credentials and the proxy substitutes inside."""
+    c, sbx = sandbox
+    index = f"https://__token__:$API_TOKEN@localhost:{upstream.port}/simple/"
+    out = run(
+        c,
+        sbx,
+        f'python3 -m pip install --no-cache-dir --target /tmp/site --index-url "{index}" sandpkg'
+        " && PYTHONPATH=/tmp/site python3 -c 'import sandpkg; print(sandpkg.VERSION)'",
+    )
+    assert out["exit_code"] == 0, out
+    assert out["stdout"].strip().endswith("1.0")
+    assert any(q["path"].startswith("/files/") for q in upstream.seen.requests)
 
 
 def test_the_value_is_nowhere_in_the_cell(sandbox, upstream):

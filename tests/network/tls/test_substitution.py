@@ -6,6 +6,7 @@ on loopback with a CA of the test's own."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 import subprocess
@@ -356,3 +357,17 @@ async def test_upgrades_towards_a_host_with_secrets_are_refused(secrets, api):
         )
     assert r.status_code == 501 and "upgrades" in r.text
     assert upstream.seen.requests == []
+
+
+async def test_basic_credentials_are_substituted_inside(secrets, api):
+    upstream, _ = api
+    async with client(secrets) as c:
+        r = await c.get(f"https://api.test:{upstream.port}/basic", auth=("__token__", PLACEHOLDER))
+    assert r.status_code == 200
+    sent = upstream.seen.requests[-1]["headers"]["authorization"]
+    assert base64.b64decode(sent.removeprefix("Basic ")) == b"__token__:" + VALUE
+    async with client(secrets) as c:
+        r = await c.get(
+            f"https://api.test:{upstream.port}/basic", auth=("__token__", OTHER_PLACEHOLDER)
+        )
+    assert r.status_code == 403 and "OTHER_TOKEN" in r.text  # looked into for refusals too

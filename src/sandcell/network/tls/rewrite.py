@@ -10,6 +10,8 @@ held back until the next one (or the end) shows how they continue.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -114,11 +116,12 @@ class HostRules:
         self, target: bytes, headers: Iterable[tuple[bytes, bytes]]
     ) -> tuple[bytes, list[tuple[bytes, bytes]], set[str]]:
         """The request target and headers with placeholders substituted, and the names of
-        the secrets used; raises Refusal for a placeholder that must not go out."""
-        headers = list(headers)
+        the secrets used; raises Refusal for a placeholder that must not go out. Basic
+        credentials are looked into too (pip and git send a URL's `user:token` so)."""
+        fields = [(name, *_opened(name, value)) for name, value in headers]
         used: set[str] = set()
         self._check_strangers(target)
-        for _, value in headers:
+        for _, value, _ in fields:
             self._check_strangers(value)
         for binding in self.own:
             placeholder, value = binding.placeholder.encode(), binding.value
@@ -127,11 +130,11 @@ class HostRules:
                     raise self.refusal_place(binding.name, "query")
                 target = target.replace(placeholder, quote(value, safe="").encode())
                 used.add(binding.name)
-            for index, (name, field) in enumerate(headers):
+            for index, (name, field, basic) in enumerate(fields):
                 if placeholder in field:
-                    headers[index] = (name, field.replace(placeholder, value))
+                    fields[index] = (name, field.replace(placeholder, value), basic)
                     used.add(binding.name)
-        return target, headers, used
+        return target, [(n, _sealed(v) if b else v) for n, v, b in fields], used
 
     def body(self) -> Rewriter:
         """A request body's rewrite: each placeholder to its value where its secret opts in
@@ -165,6 +168,24 @@ class HostRules:
     def any_length_change(self) -> bool:
         """Whether an echo replaced in a response body would change its length."""
         return any(len(b.value) != len(b.placeholder) for b in self.own + self.others)
+
+
+_BASIC = b"basic "
+_CREDENTIALS = (b"authorization", b"proxy-authorization")
+
+
+def _opened(name: bytes, value: bytes) -> tuple[bytes, bool]:
+    """A header's value as substitution sees it: Basic credentials decoded (True)."""
+    if name.lower() in _CREDENTIALS and value[:6].lower() == _BASIC:
+        try:
+            return base64.b64decode(value[6:].strip(), validate=True), True
+        except binascii.Error:
+            pass
+    return value, False
+
+
+def _sealed(credentials: bytes) -> bytes:
+    return b"Basic " + base64.b64encode(credentials)
 
 
 class Rewriter:
