@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import FileType, Sandbox
+from e2b import FilesystemEventType, FileType, Sandbox
 from e2b.exceptions import SandboxException
 
 from support.server import RunningServer
@@ -75,6 +75,16 @@ def test_tmp_through_the_files_api(sbx: Sandbox) -> None:
     sbx.files.remove("/tmp/work")
     assert not sbx.files.exists("/tmp/work")
     assert sbx.commands.run("test ! -e /tmp/work && echo gone").stdout == "gone\n"
+
+
+def test_watch_a_directory_in_tmp(sbx: Sandbox) -> None:
+    sbx.files.make_dir("/tmp/watched")
+    handle = sbx.files.watch_dir("/tmp/watched")
+    sbx.commands.run("echo x > /tmp/watched/made")
+    assert ("made", FilesystemEventType.CREATE) in {
+        (e.name, e.type) for e in handle.get_new_events()
+    }
+    handle.stop()
 
 
 def test_a_move_between_home_and_tmp_says_why_it_cannot(sbx: Sandbox) -> None:
@@ -168,3 +178,19 @@ def test_v1_still_reaches_the_workspace_alone(
             answer = client.get(f"{base}/{sneaky}", params={"path": "/tmp/v1-probe"})
             assert answer.status_code in (400, 403, 404), (sneaky, answer.status_code)
             assert "scratch" not in answer.text
+
+
+def test_code_contexts_start_in_home_user() -> None:
+    """e2b-code-interpreter's default context and a new one, as E2B's: in /home/user."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sandbox = CodeSandbox.create(template="base", timeout=120)
+    try:
+        ran = sandbox.run_code("import os; print(os.getcwd(), os.path.expanduser('~'))")
+        assert "".join(ran.logs.stdout) == "/home/user /home/user\n"
+        context = sandbox.create_code_context()
+        assert context.cwd == "/home/user"
+        again = sandbox.run_code("import os; print(os.getcwd())", context=context)
+        assert "".join(again.logs.stdout) == "/home/user\n"
+    finally:
+        sandbox.kill()
