@@ -24,8 +24,11 @@ OPENAI_AGENTS = ["openai-agents[e2b]==0.24.0"]  # with its pins, e2b 2.31.0 and 
 CREWAI_TOOLS = ["crewai-tools[e2b]==1.15.30", "e2b==2.20.3", "e2b-code-interpreter==2.6.2"]
 
 
-def run_flow(python: Path, name: str, env: dict[str, str]) -> dict[str, str]:
-    done = run_python(python, [FLOWS, name], env)
+def run_flow(python: Path, name: str, env: dict[str, str], home: Path) -> dict[str, str]:
+    """The flow's parts and their outcomes. The framework gets a home of its own: crewai keeps
+    credentials and a data folder per working directory under ~/.local/share and ~/.config."""
+    dirs = {"HOME": home, "XDG_DATA_HOME": home / "share", "XDG_CONFIG_HOME": home / "config"}
+    done = run_python(python, [FLOWS, name], {**env, **{k: str(v) for k, v in dirs.items()}})
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -37,14 +40,16 @@ def openai_agents(
     # Its e2b 2.31 takes only keys of the form e2b_<hex>; no trace export (no model either).
     python = session_venv(tmp_path_factory, OPENAI_AGENTS)
     env = {**hex_key(e2b_env), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
-    return run_flow(python, "openai_agents", env)
+    return run_flow(python, "openai_agents", env, tmp_path_factory.mktemp("home"))
 
 
 @pytest.fixture(scope="module")
 def crewai_tools(
     tmp_path_factory: pytest.TempPathFactory, e2b_env: dict[str, str]
 ) -> dict[str, str]:
-    return run_flow(session_venv(tmp_path_factory, CREWAI_TOOLS), "crewai_tools", e2b_env)
+    python = session_venv(tmp_path_factory, CREWAI_TOOLS)
+    env = {**e2b_env, "CREWAI_DISABLE_TELEMETRY": "true"}  # nothing leaves the machine
+    return run_flow(python, "crewai_tools", env, tmp_path_factory.mktemp("home"))
 
 
 @pytest.mark.timeout(900)
