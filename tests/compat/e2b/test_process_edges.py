@@ -17,6 +17,7 @@ from e2b.exceptions import NotFoundException, SandboxNotRunningException, Timeou
 
 from support.server import RunningServer
 
+GONE = "sandbox was killed or reached its end of life"  # E2B's own test asserts these words
 _CALLS = re.compile(r"^sandcell_daemon_calls_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
@@ -102,7 +103,7 @@ def test_a_sandbox_killed_mid_run_raises_not_running() -> None:
             daemon=True,
         ).start()
         started = time.monotonic()
-        with pytest.raises(SandboxNotRunningException):
+        with pytest.raises(SandboxNotRunningException, match=GONE):
             doomed.commands.run("sleep 60")
         assert time.monotonic() - started < 20
     finally:
@@ -115,7 +116,7 @@ def test_an_async_run_in_a_sandbox_killed_mid_run_raises_not_running() -> None:
         try:
             handle = await doomed.commands.run("sleep 60", background=True)
             await doomed.kill()
-            with pytest.raises(SandboxNotRunningException):
+            with pytest.raises(SandboxNotRunningException, match=GONE):
                 await asyncio.wait_for(handle.wait(), 20)
         finally:
             await doomed.kill()
