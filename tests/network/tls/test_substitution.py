@@ -53,6 +53,7 @@ async def test_a_header_placeholder_reaches_the_upstream_as_the_value(secrets, a
     assert upstream.seen.requests[-1]["headers"]["authorization"] == f"Bearer {VALUE.decode()}"
     # The upstream's answer echoes what it got: the client sees the placeholder, not the value.
     assert VALUE not in r.content and PLACEHOLDER in r.text
+    assert int(r.headers["content-length"]) == len(r.content)  # the echo's length, kept right
     assert ("sbx-a", "API_TOKEN", "api.test", "substituted") in secrets.uses
 
 
@@ -77,6 +78,7 @@ async def test_an_echo_split_across_chunks_is_replaced(secrets, api):
         )
     assert r.status_code == 200
     assert r.content == f"you sent: {PLACEHOLDER} and again {PLACEHOLDER}".encode()
+    assert r.headers["transfer-encoding"] == "chunked"
     assert r.headers["x-echo"] == PLACEHOLDER
 
 

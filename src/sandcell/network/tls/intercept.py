@@ -6,7 +6,8 @@ CONNECT and terminates the cell's TLS with a leaf for the host signed by the san
 (`HostRules.head`), its body streams through a `Rewriter` (re-chunked by h11 when chunked; with a
 `Content-Length` that substitution changes, read whole first, within `MAX_REWRITTEN_BODY`, so the
 length sent is right), and each response streams back with any echo of a value replaced by its
-placeholder; a response whose length that could change is sent chunked. A refused placeholder
+placeholder; a response whose length that could change is read whole up to `MAX_REFRAMED`
+and sent with its new length, a longer one is sent chunked. A refused placeholder
 never reaches the upstream: in the head it stops the request before anything is sent; in a
 streamed body the chunk that holds it is never sent (the upstream gets an incomplete request
 and the connection closes). Either way the cell gets a 403 naming the secret and the host.
@@ -34,6 +35,9 @@ log = logging.getLogger("sandcell.egress.secrets")
 CHUNK = 65_536
 MAX_HEAD = 65_536
 MAX_REWRITTEN_BODY = 16 * 1_048_576
+# A response whose length an echo could change is read whole up to this size (its length
+# stays known to the client); a longer one is sent chunked.
+MAX_REFRAMED = 1_048_576
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 # Framing is h11's to set on the way out: these come from the other side's framing.
 FRAMING = {b"content-length", b"transfer-encoding"}
@@ -276,13 +280,23 @@ class _Exchange:
             headers = self.rules.echo_head(event.headers)
             bodiless = method == b"HEAD" or event.status_code in (204, 304)
             if echo and self.rules.any_length_change() and not bodiless:
+                length = _header(headers, b"content-length")
                 headers = [(n, v) for n, v in headers if n.lower() not in FRAMING]
-            await self.cell.send(
-                h11.Response(status_code=event.status_code, headers=headers, reason=event.reason),
-                now=False,
-            )
+                if length is not None and length.isdigit() and int(length) <= MAX_REFRAMED:
+                    # Small enough to read whole: sent with its right length, not chunked.
+                    body = await _whole(self.upstream, echo)
+                    headers.append((b"content-length", str(len(body)).encode()))
+                    await self._send_response(event, headers)
+                    await self.cell.send(h11.Data(data=body), now=False)
+                    await self.cell.send(h11.EndOfMessage())
+                    return
+            await self._send_response(event, headers)
             break
         await _stream(self.upstream, self.cell, echo, "the upstream's response ended early")
+
+    async def _send_response(self, event: h11.Response, headers: list[tuple[bytes, bytes]]) -> None:
+        response = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason)
+        await self.cell.send(response, now=False)  # leaves with the body's first bytes
 
     async def _refused(self, refusal: Refusal) -> bool:
         if refusal.secret:
@@ -306,6 +320,20 @@ class _Exchange:
         await self.cell.send(h11.Response(status_code=status, headers=headers))
         await self.cell.send(h11.Data(data=body))
         await self.cell.send(h11.EndOfMessage())
+
+
+async def _whole(source: _Side, rewrite: Rewriter) -> bytes:
+    """One message's body, read whole through `rewrite`."""
+    parts = []
+    while True:
+        event = await source.next_event()
+        if isinstance(event, h11.Data):
+            parts.append(rewrite.feed(bytes(event.data)))
+        elif isinstance(event, h11.EndOfMessage):
+            parts.append(rewrite.flush())
+            return b"".join(parts)
+        else:
+            raise h11.RemoteProtocolError("the upstream's response ended early")
 
 
 async def _stream(source: _Side, sink: _Side, rewrite: Rewriter, early: str) -> None:
