@@ -188,7 +188,7 @@ def test_the_value_is_nowhere_in_the_cell(sandbox, upstream):
     assert "FOUND in the environ of" in out["stdout"] and "FOUND in the memory of" in out["stdout"]
 
 
-def test_plain_http_and_a_deleted_secret_are_refused(sandbox, upstream):
+def test_plain_http_and_a_deleted_secret_are_refused(server, sandbox, upstream):
     c, sbx = sandbox
     out = run(c, sbx, f'curl -sS -H "x: $API_TOKEN" http://localhost:{upstream.port}/plain')
     assert "plain HTTP" in out["stdout"] and "API_TOKEN" in out["stdout"]
@@ -196,6 +196,10 @@ def test_plain_http_and_a_deleted_secret_are_refused(sandbox, upstream):
     out = run(c, sbx, f'curl -sS -H "x: $API_TOKEN" https://localhost:{upstream.port}/gone')
     assert "'API_TOKEN'" in out["stdout"] and "no such secret" in out["stdout"], out
     assert all(q["path"] != "/gone" for q in upstream.seen.requests)
+    metrics = httpx.get(f"{server.url}/metrics").text
+    for decision in ("substituted", "refused_plain_http", "deleted"):
+        line = f'sandcell_secret_uses_total{{decision="{decision}",secret="API_TOKEN"}}'
+        assert line in metrics, metrics
 
 
 def test_a_restart_and_a_pause_keep_substitution_working(tmp_path, upstream):
