@@ -149,3 +149,24 @@ def test_a_run_past_its_timeout_kills_the_command(sbx: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sbx.commands.run("sleep 30; echo sync", timeout=1)
     assert _within(10, lambda: not _running(sbx, "sleep 30; echo sync"))
+
+
+@pytest.mark.parametrize("value", ["soon", "-5", "12345678901", "1.5"])
+def test_a_bad_connect_timeout_is_refused(
+    e2b_server: RunningServer, sbx: Sandbox, value: str
+) -> None:
+    message = b'{"process": {"cmd": "true"}}'
+    answer = httpx.post(
+        f"{e2b_server.url}/e2b/process.Process/Start",
+        content=len(message).to_bytes(5, "big") + message,
+        headers={
+            "E2b-Sandbox-Id": sbx.sandbox_id,
+            "X-Access-Token": sbx._envd_access_token or "",
+            "content-type": "application/connect+json",
+            "connect-timeout-ms": value,
+        },
+        timeout=30,
+    )
+    assert answer.status_code == 400
+    assert answer.json()["code"] == "invalid_argument"
+    assert "Connect-Timeout-Ms" in answer.json()["message"]
