@@ -373,3 +373,15 @@ async def test_basic_credentials_are_substituted_inside(secrets, api):
             f"https://api.test:{upstream.port}/basic", auth=("__token__", OTHER_PLACEHOLDER)
         )
     assert r.status_code == 403 and "OTHER_TOKEN" in r.text  # looked into for refusals too
+
+
+def test_leaves_are_cached_per_host_and_bounded(monkeypatch):
+    from sandcell.network.tls import authority
+
+    monkeypatch.setattr(authority, "MAX_LEAVES", 3)
+    ca = authority.SandboxCA.mint("sbx-leaves", {"*.many.test"})
+    first = ca.server_context("a.many.test")
+    assert ca.server_context("a.many.test") is first  # cached
+    for name in "bcd":
+        ca.server_context(f"{name}.many.test")
+    assert len(ca._leaves) == 3 and "a.many.test" not in ca._leaves

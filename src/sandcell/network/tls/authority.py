@@ -33,6 +33,7 @@ from sandcell.isolation.staging import CELL_CA_DIR
 CA_VALIDITY = datetime.timedelta(days=30)  # a sandbox's longest life, with room
 LEAF_VALIDITY = datetime.timedelta(days=2)
 LEAF_RENEW_BEFORE = datetime.timedelta(hours=6)  # a cached leaf this close to expiry is re-made
+MAX_LEAVES = 256  # per sandbox, the oldest made dropped first
 BACKDATE = datetime.timedelta(minutes=5)  # clock skew between the host and a client
 SYSTEM_CA_FILE = Path("/etc/ssl/certs/ca-certificates.crt")
 BUNDLE = "ca-bundle.pem"
@@ -138,6 +139,9 @@ class SandboxCA:
             if cached is not None and cached[1] - _now() > LEAF_RENEW_BEFORE:
                 return cached[0]
             context, expires = self._leaf_context(host)
+            self._leaves.pop(host, None)
+            while len(self._leaves) >= MAX_LEAVES:  # `*.` secrets name hosts without end
+                del self._leaves[next(iter(self._leaves))]
             self._leaves[host] = (context, expires)
             return context
 
