@@ -84,6 +84,22 @@ def test_a_watcher_sees_an_upload_as_envd_makes_it(sbx: Sandbox) -> None:
         handle.stop()
 
 
+def test_a_recursive_watch_reports_a_write_in_a_folder_not_the_folder(sbx: Sandbox) -> None:
+    sbx.files.make_dir("/home/user/deep/nested")
+    handle = sbx.files.watch_dir("/home/user/deep", recursive=True)
+    try:
+        sbx.files.write("/home/user/deep/nested/f.txt", "x")
+        sbx.commands.run("echo y > deep/nested/g.txt")  # seen by the poll: CREATE only
+        assert [(e.type, e.name) for e in handle.get_new_events()] == [
+            (FilesystemEventType.CREATE, "nested/f.txt"),
+            (FilesystemEventType.CHMOD, "nested/f.txt"),
+            (FilesystemEventType.WRITE, "nested/f.txt"),
+            (FilesystemEventType.CREATE, "nested/g.txt"),
+        ]
+    finally:
+        handle.stop()
+
+
 def test_a_recursive_watch_sees_a_write_in_a_folder_made_after_it() -> None:
     async def scenario() -> list[tuple[FilesystemEventType, str]]:
         sbx = await AsyncSandbox.create(timeout=120)

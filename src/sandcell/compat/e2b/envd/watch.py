@@ -50,7 +50,10 @@ def _events(root: str, old: Snapshot, new: Snapshot, include_entry: bool) -> lis
         before = old.get(path)
         if before is None:
             kind = "EVENT_TYPE_CREATE"
-        elif (before["size"], before["modified"]) != (entry["size"], entry["modified"]):
+        elif entry["type"] != "dir" and (before["size"], before["modified"]) != (
+            entry["size"],
+            entry["modified"],
+        ):  # a folder's own mtime moves with what it holds, which inotify does not report
             kind = "EVENT_TYPE_WRITE"
         else:
             continue
