@@ -385,3 +385,20 @@ def test_leaves_are_cached_per_host_and_bounded(monkeypatch):
     for name in "bcd":
         ca.server_context(f"{name}.many.test")
     assert len(ca._leaves) == 3 and "a.many.test" not in ca._leaves
+
+
+async def test_a_client_waiting_for_100_continue_is_not_kept_waiting(secrets, api, tmp_path):
+    upstream, _ = api
+    secrets.bindings["sbx-a"] = (binding(("headers", "body")),)
+    body = tmp_path / "body"
+    body.write_bytes(b"{" + PLACEHOLDER.encode() + b"}" + b"z" * 2_000_000)
+    for framing in ([], ["-H", "transfer-encoding: chunked"]):  # read whole, and streamed
+        started = asyncio.get_running_loop().time()
+        code, _, err = await curl(
+            "--proxy", secrets.url(), "--cacert", str(secrets.bundle()),
+            "-H", "expect: 100-continue", "--expect100-timeout", "30", *framing,
+            "--data-binary", f"@{body}", f"https://api.test:{upstream.port}/upload",
+        )  # fmt: skip
+        assert code == 0, err
+        assert asyncio.get_running_loop().time() - started < 10
+        assert upstream.seen.requests[-1]["body"].startswith("{" + VALUE.decode() + "}")

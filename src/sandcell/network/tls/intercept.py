@@ -214,7 +214,10 @@ class _Exchange:
             await self._answer(400, f"the request cannot be sent: {exc}")
             return False
         self._record(used)
-        await self.upstream.send(head, now=False)  # leaves with the body's first bytes
+        # The head leaves with the body's first bytes, unless the client waits for a 100
+        # before sending any.
+        waits = _header(headers, b"expect") is not None
+        await self.upstream.send(head, now=waits)
         sending = asyncio.ensure_future(self._send_body(body, buffered))
         answering = asyncio.ensure_future(self._respond(request.method))
         try:
