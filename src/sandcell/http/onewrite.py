@@ -43,9 +43,15 @@ class HeadWithBody:
         return getattr(self.transport, name)
 
 
+# A scope key: called, it drops the connection (no end of the response). For a relay whose
+# upstream dropped mid-stream, so its client sees a drop too, not a stream that ended well.
+ABORT = "sandcell.abort"
+
+
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         previous = self.cycle
         super().on_headers_complete()
         if self.cycle is not previous:  # a new cycle, whose task has not run yet
             self.cycle.transport = cast(Any, HeadWithBody(self.transport, self.cycle))
+            self.cycle.scope[ABORT] = self.transport.abort  # type: ignore[literal-required]

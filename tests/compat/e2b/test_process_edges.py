@@ -170,3 +170,29 @@ def test_a_bad_connect_timeout_is_refused(
     assert answer.status_code == 400
     assert answer.json()["code"] == "invalid_argument"
     assert "Connect-Timeout-Ms" in answer.json()["message"]
+
+
+def test_a_sandbox_killed_mid_stream_drops_the_connection(e2b_server: RunningServer) -> None:
+    """As E2B's does: the SDKs take a dropped connection as the cue to probe the sandbox
+    (the JS SDK only then names it killed); an `unavailable` end of stream would read as a
+    stream that ended well but for an error."""
+    doomed = Sandbox.create()
+    message = b'{"process": {"cmd": "sleep", "args": ["60"]}}'
+    headers = {
+        "E2b-Sandbox-Id": doomed.sandbox_id,
+        "X-Access-Token": doomed._envd_access_token or "",
+        "content-type": "application/connect+json",
+    }
+    body = len(message).to_bytes(5, "big") + message
+    try:
+        with httpx.Client(timeout=30) as client:
+            url = f"{e2b_server.url}/e2b/process.Process/Start"
+            with client.stream("POST", url, content=body, headers=headers) as answer:
+                chunks = answer.iter_raw()
+                assert b'"start"' in next(chunks)
+                doomed.kill()
+                with pytest.raises(httpx.RemoteProtocolError):
+                    for _ in chunks:
+                        pass
+    finally:
+        doomed.kill()

@@ -28,6 +28,7 @@ from sandcell.compat.e2b.envd import connect, filesystem, process, watch
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import read_body
+from sandcell.http.onewrite import ABORT
 from sandcell.http.openapi import Endpoint, Operation, Query
 from sandcell.router.core import GONE
 from sandcell.store import SandboxRecord
@@ -142,7 +143,8 @@ def _stream(fn: Stream) -> Handler:
         body = await read_body(request, MAX_MESSAGE_BODY)
         timeout = connect.timeout_s(request.headers)
         events = _stream_events(fn, gateway, record, body, timeout)
-        return StreamingResponse(connect.stream(events, timeout), media_type=connect.STREAM_MEDIA)
+        relay = connect.stream(events, timeout, request.scope.get(ABORT))
+        return StreamingResponse(relay, media_type=connect.STREAM_MEDIA)
 
     return handler
 

@@ -5,7 +5,9 @@ Unary: `POST /<package.Service>/<Method>`, `application/json` both ways, errors 
 each message in an envelope of one flag byte and a big-endian u32 length; the last envelope
 has flag 0x02 and carries the end of the stream, `{}` or `{"error": {...}}`. A stream's
 deadline is the client's `Connect-Timeout-Ms`: when it passes, the stream ends with
-`deadline_exceeded`, as connect-go ends envd's.
+`deadline_exceeded`, as connect-go ends envd's. A stream whose sandbox goes mid-way (the
+hop to its daemon drops) drops its client's connection too, as E2B's does: the SDKs then
+probe the sandbox and report it gone.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from sandcell.compat.e2b.bodies import json_object
@@ -70,11 +72,15 @@ def first_message(body: bytes, timeout: float | None = None) -> StreamRequest:
 
 
 async def stream(
-    events: AsyncIterator[dict[str, Any]], timeout: float | None = None
+    events: AsyncIterator[dict[str, Any]],
+    timeout: float | None = None,
+    abort: Callable[[], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """Envelopes for `events`, then the end of the stream (with the error that cut it, or
-    `deadline_exceeded` once `timeout` seconds have passed)."""
+    `deadline_exceeded` once `timeout` seconds have passed). With `abort` (the server's way
+    to drop the connection), a sandbox unreachable after the first event drops it instead."""
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    sent = False
     try:
         while True:
             # Only the wait for the next event is bounded: the yield sends, outside it.
@@ -83,7 +89,11 @@ async def stream(
             if event is None:
                 break
             yield envelope(event)
+            sent = True
     except ServiceError as exc:
+        if sent and abort is not None and exc.code is ErrorCode.SANDBOX_UNREACHABLE:
+            abort()
+            return
         yield end_stream(connect_error(exc))
         return
     except TimeoutError:
