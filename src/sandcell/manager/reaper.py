@@ -35,6 +35,8 @@ class Reaper:
         self.interval_s = interval_s
         self._unhealthy: dict[str, int] = {}  # sandbox id -> failed probes in a row
         self._task: asyncio.Task[None] | None = None
+        self._next_pass = 0.0  # wall-clock time of the next pass
+        self._sooner = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._forever())
@@ -44,6 +46,13 @@ class Reaper:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def due_at(self, when: float) -> None:
+        """A sandbox ends at `when` (a timeout just set): the next pass runs then, so an end
+        sooner than a pass away is kept to the moment, not up to `interval_s` late."""
+        if when < self._next_pass:
+            self._next_pass = when
+            self._sooner.set()
 
     async def reap_once(self, now: float | None = None) -> list[str]:
         """Sandboxes past their idle or lifetime deadline are deleted, or paused if they were
@@ -108,7 +117,11 @@ class Reaper:
 
     async def _forever(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            self._next_pass = time.time() + self.interval_s
+            while (wait := self._next_pass - time.time()) > 0:
+                self._sooner.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._sooner.wait(), wait)
             try:
                 reaped = await self.reap_once()
             except Exception:

@@ -509,6 +509,7 @@ class Router:
                 fresh, expires_at=now + timeout_s, idle_timeout_s=timeout_s, last_activity_at=now
             )
             if await self.store.transition(ended, ("running",)):
+                self.manager.reaper.due_at(ended.deadline)
                 return ended
         raise ServiceError(ErrorCode.CONFLICT, f"sandbox {record.id} is changing; retry")
 

@@ -89,12 +89,13 @@ def test_set_timeout_5_ends_the_sandbox_soon_after(
         sbx.set_timeout(5)
         kept.files.write("/home/user/kept.txt", "still here")
         kept.set_timeout(5)
-        # The reaper runs every 5 s: gone within the timeout, a pass and some slack.
+        # The reaper's pass runs at the end set (not up to its 5 s interval later), so the
+        # sandbox is gone soon after 5 s, as on E2B, not still running at 6 or 10.
         assert _within(20, lambda: _gone_or_paused(e2b_server, key, sbx.sandbox_id)) in (
             "gone",
             "deleted",
         )
-        assert time.monotonic() - started >= 4
+        assert 4 <= time.monotonic() - started < 8
         assert _within(20, lambda: _gone_or_paused(e2b_server, key, kept.sandbox_id)) == "paused"
         resumed = Sandbox.connect(kept.sandbox_id)
         assert resumed.files.read("/home/user/kept.txt") == "still here"
