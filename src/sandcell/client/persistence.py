@@ -10,9 +10,8 @@ from urllib.parse import quote
 
 from sandcell.client.binding import classoperation, constructor, operation
 from sandcell.client.config import ClientConfig, retry_policy
-from sandcell.client.errors import NotFoundError
 from sandcell.client.models import SandboxInfo, SnapshotInfo
-from sandcell.client.protocol import Op, Request, call, call_json
+from sandcell.client.protocol import Op, Request, call_deleted, call_json
 
 if TYPE_CHECKING:
     from sandcell.client.config import RetryPolicy
@@ -126,11 +125,7 @@ class PersistenceOperations:
     ) -> Op[bool]:
         """True if this call deleted it, False if there was none (or it is not yours)."""
         request = Request("DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}")
-        try:
-            yield from call(request, retry_policy(url, api_key, config))
-        except NotFoundError:
-            return False
-        return True
+        return (yield from call_deleted(request, retry_policy(url, api_key, config)))
 
 
 def _path(sandbox_id: str, rest: str) -> str:

@@ -15,12 +15,7 @@ from typing import Any
 
 from sandcell.client.binding import AsyncBound, SyncBound, operation
 from sandcell.client.config import ClientConfig
-from sandcell.client.errors import (
-    ConnectionFailedError,
-    NotFoundError,
-    SandboxNotFoundError,
-    SandboxUnreachableError,
-)
+from sandcell.client.errors import ConnectionFailedError, SandboxUnreachableError
 from sandcell.client.lifecycle import sandbox_path
 from sandcell.client.models import CommandResult, ProcessInfo
 from sandcell.client.protocol import (
@@ -34,6 +29,7 @@ from sandcell.client.protocol import (
     Sleep,
     Spawn,
     call,
+    call_deleted,
 )
 
 # Following a process may stay quiet for as long as it runs: no practical read timeout.
@@ -243,13 +239,8 @@ def close_stdin(transport: Any, sandbox_id: str, pid: int) -> Op[None]:
 
 
 def kill(transport: Any, sandbox_id: str, pid: int) -> Op[bool]:
-    try:
-        yield from call(Request("DELETE", process_path(sandbox_id, pid)), transport.config.retry)
-    except SandboxNotFoundError:
-        raise
-    except NotFoundError:
-        return False
-    return True
+    request = Request("DELETE", process_path(sandbox_id, pid))
+    return (yield from call_deleted(request, transport.config.retry))
 
 
 class CommandHandle(SyncBound, CommandHandleBase):

@@ -23,7 +23,9 @@ from sandcell.client.errors import (
     InternalError,
     InvalidResponseError,
     IsolationUnavailableError,
+    NotFoundError,
     RateLimitedError,
+    SandboxNotFoundError,
     SandboxUnreachableError,
     ServiceUnavailableError,
     error_from_reply,
@@ -180,6 +182,18 @@ def call(request: Request, policy: RetryPolicy) -> Op[Reply]:
 def call_json(request: Request, policy: RetryPolicy) -> Op[Any]:
     reply = yield from call(request, policy)
     return reply.json()
+
+
+def call_deleted(request: Request, policy: RetryPolicy) -> Op[bool]:
+    """Sends a DELETE: True if it deleted, False if there was nothing by that name. A sandbox
+    that is gone is not "nothing to delete" in it: SandboxNotFoundError still raises."""
+    try:
+        yield from call(request, policy)
+    except SandboxNotFoundError:
+        raise
+    except NotFoundError:
+        return False
+    return True
 
 
 def read_all(stream: Any, limit: int | None = None) -> Op[bytes]:

@@ -21,7 +21,7 @@ from sandcell.client.binding import AsyncBound, SyncBound, classoperation
 from sandcell.client.config import ClientConfig, retry_policy
 from sandcell.client.errors import NotFoundError
 from sandcell.client.models import list_in
-from sandcell.client.protocol import Op, Request, call, call_json
+from sandcell.client.protocol import Op, Request, call_deleted, call_json
 
 
 def _path(name: str) -> str:
@@ -77,11 +77,8 @@ class SecretsBase:
     ) -> Op[bool]:
         """Delete the secret (its placeholders are refused from now on); False if there was
         none by that name."""
-        try:
-            yield from call(Request("DELETE", _path(name)), retry_policy(url, api_key, config))
-        except NotFoundError:
-            return False
-        return True
+        request = Request("DELETE", _path(name))
+        return (yield from call_deleted(request, retry_policy(url, api_key, config)))
 
 
 class Secrets(SyncBound, SecretsBase):
