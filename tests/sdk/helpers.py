@@ -24,9 +24,11 @@ def stop_and_clean(server: RunningServer) -> None:
     LocalCells(server.data_dir / "cells", cgroup_parent="sandcell").destroy_all()
 
 
-def served(base: Path, warm_pool: int) -> Iterator[RunningServer]:
+def served(
+    base: Path, warm_pool: int = 0, config_text: str | None = None
+) -> Iterator[RunningServer]:
     """A `sandcell serve` with its data under `base`, for a fixture to yield."""
-    server = start_server(base / "data", warm_pool=warm_pool)
+    server = start_server(base / "data", warm_pool=warm_pool, config_text=config_text)
     try:
         yield server
     finally:

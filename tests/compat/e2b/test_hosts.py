@@ -18,8 +18,8 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from sdk.helpers import stop_and_clean
-from support.server import RunningServer, start_server
+from sdk.helpers import served
+from support.server import RunningServer
 from support.tls_front import tls_front
 
 pytestmark = pytest.mark.slow
@@ -42,11 +42,7 @@ _ADDRESSES = (f"127.0.{i // 250}.{i % 250 + 2}" for i in itertools.count(start=2
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("hosts") / "data", config_text=CONFIG)
-    try:
-        yield running
-    finally:
-        stop_and_clean(running)
+    yield from served(tmp_path_factory.mktemp("hosts"), config_text=CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 from e2b import ALL_TRAFFIC, Sandbox
 from e2b.exceptions import SandboxException
 
-from sdk.helpers import stop_and_clean
-from support.server import SMALL_TEMPLATE, RunningServer, start_server
+from sdk.helpers import served
+from support.server import SMALL_TEMPLATE, RunningServer
 
 CONFIG = SMALL_TEMPLATE.format(warm_pool=0) + (
     'network = "allowlist"\nnetwork_allow = ["example.com"]\nnetwork_max = "allowlist"\n'
@@ -22,11 +22,7 @@ CONFIG = SMALL_TEMPLATE.format(warm_pool=0) + (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("e2bnet") / "data", config_text=CONFIG)
-    try:
-        yield running
-    finally:
-        stop_and_clean(running)
+    yield from served(tmp_path_factory.mktemp("e2bnet"), config_text=CONFIG)
 
 
 @pytest.fixture(scope="module")
