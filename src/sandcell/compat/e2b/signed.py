@@ -147,28 +147,46 @@ _QUERY = (
 )
 _ERRORS = (400, 401, 403, 404, 409, 413, 429, 502, 503, 504)
 
+_OCTETS = "application/octet-stream"
+
+
+def _signed(
+    method: str,
+    name: str,
+    handler: Handler,
+    summary: str,
+    body: str | None = None,
+    response: str | None = None,
+) -> Operation:
+    """An operation of the signed `/files` URL: its query, errors and credential."""
+    return Operation(
+        method,
+        "/files",
+        _at_root(name, handler),
+        summary,
+        body=body,
+        response=response,
+        query=_QUERY,
+        errors=_ERRORS,
+        security=("e2bFileSignature",),
+        error_body=errors.RestError,
+    )
+
+
 # At the root, where the SDK's URL lands (served beside /e2b, not under it).
 OPERATIONS = (
-    Operation(
+    _signed(
         "GET",
-        "/files",
-        _at_root("download", files.download),
+        "download",
+        files.download,
         "E2B signed download URL (download_url): the signature is the credential",
-        query=_QUERY,
-        response="application/octet-stream",
-        errors=_ERRORS,
-        security=("e2bFileSignature",),
-        error_body=errors.RestError,
+        response=_OCTETS,
     ),
-    Operation(
+    _signed(
         "POST",
-        "/files",
-        _at_root("upload", files.upload),
+        "upload",
+        files.upload,
         "E2B signed upload URL (upload_url): a multipart form or octet-stream body",
-        query=_QUERY,
-        body="application/octet-stream",
-        errors=_ERRORS,
-        security=("e2bFileSignature",),
-        error_body=errors.RestError,
+        body=_OCTETS,
     ),
 )
