@@ -78,13 +78,13 @@ class HostRules:
         (so its placeholder is refused after a deletion, not passed on in a tunnel)."""
         return bool(self.own) or self.was_named
 
+    def _sent_here(self, secret: str, decision: Decision, why: str) -> Refusal:
+        """A placeholder sent towards this host that may not be: `why` says why not."""
+        message = f"the placeholder of secret {secret!r} was sent towards {self.host}, {why}"
+        return Refusal(secret, decision, message)
+
     def refusal_elsewhere(self, secret: str) -> Refusal:
-        return Refusal(
-            secret,
-            "refused_host",
-            f"the placeholder of secret {secret!r} was sent towards {self.host}, "
-            "a host that secret does not name",
-        )
+        return self._sent_here(secret, "refused_host", "a host that secret does not name")
 
     def refusal_place(self, secret: str, place: str) -> Refusal:
         return Refusal(
@@ -95,12 +95,7 @@ class HostRules:
         )
 
     def refusal_gone(self, secret: str) -> Refusal:
-        return Refusal(
-            secret,
-            "deleted",
-            f"the placeholder of secret {secret!r} was sent towards {self.host}, "
-            "but the sandbox has no such secret (deleted?)",
-        )
+        return self._sent_here(secret, "deleted", "but the sandbox has no such secret (deleted?)")
 
     def _check_strangers(self, data: bytes) -> None:
         """Refuses the placeholders of secrets that are not the sandbox's (any more)."""
