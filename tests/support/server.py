@@ -21,6 +21,16 @@ disk_mb = 128
 warm_pool = {warm_pool}
 idle_timeout_s = 300
 """
+# A small default template that a create may open to any egress (sandcell's own default
+# opens none), with no warm pool.
+OPEN_TEMPLATE = """
+[templates.default]
+memory_mb = 256
+pids_max = 128
+disk_mb = 128
+warm_pool = 0
+network_max = "open"
+"""
 
 
 def free_port() -> int:

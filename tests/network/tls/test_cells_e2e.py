@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from network.tls.conftest import NODE, Upstream, UpstreamCA
-from support.server import RunningServer, start_server
+from support.server import OPEN_TEMPLATE, RunningServer, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -20,18 +20,7 @@ VALUE = "ghp_cellvalue0123456789-never-in-the-cell"
 NO_BYPASS = {"NO_PROXY": "", "no_proxy": ""}  # SPEC §11: the upstream is on host loopback
 
 
-CONFIG = """
-[server]
-upstream_ca_file = "{ca}"
-
-[templates.default]
-memory_mb = 256
-pids_max = 128
-disk_mb = 128
-warm_pool = 0
-network_max = "open"
-network_internal = true
-"""
+CONFIG = '\n[server]\nupstream_ca_file = "{ca}"\n' + OPEN_TEMPLATE + "network_internal = true\n"
 
 
 def _with_secret(c: httpx.Client, upstream: Upstream) -> str:
