@@ -81,8 +81,27 @@ def test_wider_than_network_max_is_refused_naming_the_setting(
 def test_a_field_sandcell_cannot_honour_is_refused_by_name(server: RunningServer, key: str) -> None:
     with pytest.raises(SandboxException, match="dnsServers"):
         Sandbox.create(network={"dns_servers": ["1.1.1.1"]}, **_opts(server, key))  # type: ignore[typeddict-unknown-key]
-    with pytest.raises(SandboxException, match="allowPublicTraffic"):
-        Sandbox.create(network={"allow_public_traffic": True}, **_opts(server, key))
+
+
+def test_allow_public_traffic_is_taken_either_way(server: RunningServer, key: str) -> None:
+    # e2b 2.45's model sends E2B's default `allowPublicTraffic: true` with every `network=`.
+    for public in (True, False):
+        sbx = Sandbox.create(
+            network={"allow_public_traffic": public, "deny_out": [ALL_TRAFFIC]},
+            **_opts(server, key),
+        )
+        try:
+            assert _policy(server, key, sbx.sandbox_id)["egress"] == "none"
+        finally:
+            sbx.kill()
+    with server.client(key) as c:
+        refused = c.post(
+            "/e2b/sandboxes",
+            headers={"X-API-KEY": key},
+            json={"templateID": "base", "network": {"allowPublicTraffic": "yes"}},
+        )
+    assert refused.status_code == 400
+    assert "network.allowPublicTraffic" in refused.json()["message"]
 
 
 def test_update_network_replaces_the_policy(server: RunningServer, key: str) -> None:

@@ -48,11 +48,13 @@ def _network(body: dict[str, Any], where: str) -> dict[str, Any] | None:
             f"{where}network.{field}",
             "sandcell's egress proxies do not offer it (SPEC §11: allow and deny lists only)",
         )
-    if net.get("allowPublicTraffic") is True:
-        raise _refused(
-            f"{where}network.allowPublicTraffic",
-            "sandcell's exposed ports always need the API key or a signed preview URL",
-        )
+    public = net.get("allowPublicTraffic")
+    if public is not None and not isinstance(public, bool):
+        raise _refused(f"{where}network.allowPublicTraffic", "must be a boolean")
+    # Either value is taken: E2B's default `true` (which e2b 2.45's model sends with every
+    # `network`) and `false` both give sandcell's exposed ports, reached with the API key or
+    # a signed preview URL only. `true` opens nothing wider: anyone holding the URL gets in,
+    # as on E2B, but sandcell's URL carries its token.
     allow = _strings(f"{where}network.allowOut", net.get("allowOut"))
     deny = _strings(f"{where}network.denyOut", net.get("denyOut"))
     internet = body.get("allow_internet_access", net.get("allow_internet_access"))
