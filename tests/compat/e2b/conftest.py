@@ -31,6 +31,13 @@ def e2b_env(e2b_server: RunningServer) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="package")
+def e2b_native_env(e2b_server: RunningServer, e2b_env: dict[str, str]) -> dict[str, str]:
+    """`e2b_env` with a key in E2B's own shape (`sandcell keys create NAME --e2b`), for the
+    releases that refuse any other (e2b 2.2x-2.4x)."""
+    return {**e2b_env, "E2B_API_KEY": e2b_server.create_key("e2b-native", e2b=True)}
+
+
 @pytest.fixture(scope="package", autouse=True)
 def _e2b_environment(e2b_env: dict[str, str]) -> Iterator[None]:
     """Set for these tests only, as a user would export them, so module fixtures see them."""

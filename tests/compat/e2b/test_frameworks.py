@@ -15,7 +15,7 @@ import pytest
 from agno.tools.e2b import E2BTools
 
 from compat.e2b.known import ROOT, WILDCARD_DNS
-from compat.e2b.venvs import hex_key, run_python, session_venv
+from compat.e2b.venvs import run_python, session_venv
 
 pytestmark = pytest.mark.slow
 FLOWS = Path(__file__).with_name("framework_flows.py")
@@ -35,11 +35,12 @@ def run_flow(python: Path, name: str, env: dict[str, str], home: Path) -> dict[s
 
 @pytest.fixture(scope="module")
 def openai_agents(
-    tmp_path_factory: pytest.TempPathFactory, e2b_env: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory, e2b_native_env: dict[str, str]
 ) -> dict[str, str]:
-    # Its e2b 2.31 takes only keys of the form e2b_<hex>; no trace export (no model either).
+    # Its e2b 2.31 takes only keys of the form e2b_<hex>: one from `keys create --e2b`, as
+    # docs/e2b.md tells its users; no trace export (no model either).
     python = session_venv(tmp_path_factory, OPENAI_AGENTS)
-    env = {**hex_key(e2b_env), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    env = {**e2b_native_env, "OPENAI_AGENTS_DISABLE_TRACING": "1"}
     return run_flow(python, "openai_agents", env, tmp_path_factory.mktemp("home"))
 
 

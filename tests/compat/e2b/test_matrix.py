@@ -35,8 +35,9 @@ class Row:
     version: str
     # What the row's venv holds: nothing for the versions pinned in the test venv.
     requirements: tuple[str, ...] = ()
-    # e2b 2.2x-2.4x refuse an API key not of the form e2b_<hex> before sending it.
-    hex_key: bool = False
+    # e2b 2.2x-2.4x refuse an API key not of the form e2b_<hex> before sending it: "native"
+    # gives the row a key made with `keys create --e2b`, "hex" an sc_ key hex-encoded.
+    key: str = "sc"
     # e2b-code-interpreter <= 2.6 reaches its interpreter at https://49999-{id}.{domain}
     # whatever E2B_SANDBOX_URL says: its code flow needs the per-sandbox hosts.
     code_by_host: bool = False
@@ -49,8 +50,8 @@ class Row:
 ROWS = [
     Row("e2b", "2.7.0", ("e2b==2.7.0",)),
     Row("e2b", "2.20.3", ("e2b==2.20.3",)),  # crewai-tools' pin
-    Row("e2b", "2.31.0", ("e2b==2.31.0",), hex_key=True),  # openai-agents' pin
-    Row("e2b", "2.45.1", ("e2b==2.45.1",), hex_key=True),
+    Row("e2b", "2.31.0", ("e2b==2.31.0",), key="native"),  # openai-agents' pin
+    Row("e2b", "2.45.1", ("e2b==2.45.1",), key="hex"),
     Row("e2b", "2.63.0"),
     # With e2b 2.20.3, its lowest e2b and crewai-tools' pair.
     Row(
@@ -99,12 +100,13 @@ def test_python_sdk(
     request: pytest.FixtureRequest,
 ) -> None:
     python = session_venv(tmp_path_factory, row.requirements) if row.requirements else None
-    env = request.getfixturevalue("by_host") if row.code_by_host and flow == "code" else e2b_env
-    done = run_python(
-        python or Path(sys.executable),
-        [FLOW, flow, row.module],
-        hex_key(env) if row.hex_key else env,
-    )
+    if row.code_by_host and flow == "code":
+        env = request.getfixturevalue("by_host")
+    elif row.key == "native":
+        env = request.getfixturevalue("e2b_native_env")
+    else:
+        env = hex_key(e2b_env) if row.key == "hex" else e2b_env
+    done = run_python(python or Path(sys.executable), [FLOW, flow, row.module], env)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.startswith("ok"), done.stdout
 
