@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,10 @@ log = logging.getLogger("sandcell.manager")
 
 DEFAULT_REAP_INTERVAL_S = 5.0
 DEAD_AFTER_PROBES = 2
+# Deadlines met in one pass are kept together, so one slow pause (a workspace being kept)
+# does not hold back the deletions due at the same moment.
+EXPIRE_AT_ONCE = 8
+MAX_ENDS_KEPT = 10_000  # ends asked for and still ahead; past it, the interval alone
 
 
 class Reaper:
@@ -36,6 +42,7 @@ class Reaper:
         self._unhealthy: dict[str, int] = {}  # sandbox id -> failed probes in a row
         self._task: asyncio.Task[None] | None = None
         self._next_pass = 0.0  # wall-clock time of the next pass
+        self._ends: list[float] = []  # a heap of the ends asked for that are still ahead
         self._sooner = asyncio.Event()
 
     def start(self) -> None:
@@ -50,6 +57,8 @@ class Reaper:
     def due_at(self, when: float) -> None:
         """A sandbox ends at `when` (a timeout just set): the next pass runs then, so an end
         sooner than a pass away is kept to the moment, not up to `interval_s` late."""
+        if len(self._ends) < MAX_ENDS_KEPT:
+            heapq.heappush(self._ends, when)
         if when < self._next_pass:
             self._next_pass = when
             self._sooner.set()
@@ -62,11 +71,22 @@ class Reaper:
         retried = await self.m.retry_teardowns(records)
         due = await self.m.store.due_for_reaping(now or time.time(), limit=500)
         dead = await self._dead_daemons(set(due), records)
-        for sandbox_id in due:
-            await self._expire(sandbox_id)
+        await self._expire_all(due)
         for sandbox_id in dead:
             await self.m.delete_sandbox(sandbox_id)
         return retried + [d for d in due if d not in retried] + dead
+
+    async def _expire_all(self, due: list[str]) -> None:
+        gate = asyncio.Semaphore(EXPIRE_AT_ONCE)
+
+        async def expire(sandbox_id: str) -> None:
+            async with gate:
+                await self._expire(sandbox_id)
+
+        results = await asyncio.gather(*map(expire, due), return_exceptions=True)
+        for sandbox_id, result in zip(due, results, strict=True):
+            if isinstance(result, Exception):  # the others went; this one is due next pass
+                log.error("sandbox %s could not be expired: %s", sandbox_id, result)
 
     async def _expire(self, sandbox_id: str) -> None:
         """A sandbox at its deadline goes; one made with on_timeout "pause" is paused
@@ -116,14 +136,19 @@ class Reaper:
         return dead
 
     async def _forever(self) -> None:
+        last_pass = time.time()
         while True:
-            self._next_pass = time.time() + self.interval_s
+            while self._ends and self._ends[0] <= last_pass:  # that pass saw to these
+                heapq.heappop(self._ends)
+            soonest = self._ends[0] if self._ends else math.inf
+            self._next_pass = min(time.time() + self.interval_s, soonest)
             while (wait := self._next_pass - time.time()) > 0:
                 self._sooner.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._sooner.wait(), wait)
+            last_pass = time.time()
             try:
-                reaped = await self.reap_once()
+                reaped = await self.reap_once(last_pass)
             except Exception:
                 log.exception("reaper pass failed")
                 continue
