@@ -123,3 +123,12 @@ def test_a_recursive_watch_sees_a_write_in_a_folder_made_after_it() -> None:
             await sbx.kill()
 
     assert (FilesystemEventType.CREATE, "sub/f.txt") in asyncio.run(scenario())
+
+
+def test_python_names_python3_as_on_e2bs_base(sbx: Sandbox) -> None:
+    ran = sbx.commands.run("python -c 'import sys; print(sys.version_info[0])'; command -v python")
+    assert ran.stdout.split() == ["3", "/usr/local/bin/python"]
+    # Its arguments reach python3 as given, and python3 is its own.
+    args = sbx.commands.run("""python -c 'import sys; print(sys.argv[1:])' 'a b' '' c""")
+    assert args.stdout.strip() == "['a b', '', 'c']"
+    assert sbx.commands.run("command -v python3").stdout.strip() == "/usr/bin/python3"
