@@ -38,6 +38,7 @@ from sandcell.isolation.bwrap import (
     host_system,
 )
 from sandcell.isolation.images import stage as image_stage
+from sandcell.isolation.images.trust import image_trust
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
@@ -99,6 +100,9 @@ class CellRoot:
             binds = [Bind(m.host, m.cell) for m in runtime_mounts()]
             return cls([*binds, *trust], [cell_python()], CELL_SRC)
         staged = image_stage.stage_runtime(cell_dir)
+        if policy.ca_dir:  # the image's own bundle paths too, with the image's CAs
+            ca_dir = Path(policy.ca_dir)
+            trust = image_trust(policy.image_root, ca_dir, cell_dir, CELL_CA_DIR) or trust
         return cls([*staged.binds, *trust], staged.python, staged.chdir, policy.image_root)
 
     def system(self, image_root: str) -> list[str]:
@@ -170,11 +174,16 @@ def stage(wanted: Sequence[Bind]) -> tuple[list[str], list[Bind]]:
         if bind.writable:
             lines.append(f"mkdir {staged} && mount --bind {q(bind.source)} {staged}")
         else:
+            # A file (an image's CA bundle) is staged through its directory, bound from there.
+            source, name = bind.source, ""
+            if os.path.isfile(source):
+                source, name = os.path.split(source)
             lower = _lower(index)
             lines.append(
-                f"mkdir {lower} {staged} && mount --bind {q(bind.source)} {lower}"
+                f"mkdir {lower} {staged} && mount --bind {q(source)} {lower}"
                 f" && mount -t overlay sandcell -o ro,lowerdir={lower}:{_EMPTY_LAYER} {staged}"
             )
+            staged = f"{staged}/{name}" if name else staged
         binds.append(Bind(staged, bind.dest, bind.writable))
     return lines, binds
 
