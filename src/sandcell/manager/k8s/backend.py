@@ -255,11 +255,13 @@ class KubernetesBackend:
         """Nothing to reattach: a pod's egress goes through the shared egress service."""
 
     async def cell_trust(self, sandbox_id: str) -> dict[str, str]:
-        """Pods get no CA bundle staged yet: a sandbox with secrets is refused, by name."""
+        """Pods get no CA bundle and no substituting proxy yet (docs/kubernetes.md): a
+        sandbox with secrets is refused by name, before any pod is made or claimed."""
         raise ServiceError(
             ErrorCode.NOT_IMPLEMENTED,
-            "secrets (SPEC §17) are not substituted on the Kubernetes backend yet: "
-            "create the sandbox without `secrets`, or on the local backend",
+            "`secrets` cannot take effect on the kubernetes backend yet (pods get no "
+            "substituting proxy): create the sandbox without `secrets`, or on the local backend",
+            {"field": "secrets", "backend": self.name},
         )
 
     async def usage(self, cell: dict[str, Any]) -> CellUsage:
