@@ -132,3 +132,15 @@ def test_python_names_python3_as_on_e2bs_base(sbx: Sandbox) -> None:
     args = sbx.commands.run("""python -c 'import sys; print(sys.argv[1:])' 'a b' '' c""")
     assert args.stdout.strip() == "['a b', '', 'c']"
     assert sbx.commands.run("command -v python3").stdout.strip() == "/usr/bin/python3"
+
+
+def test_a_watch_allowing_network_mounts_is_the_same_watch(sbx: Sandbox) -> None:
+    sbx.files.write("/home/user/netwatch/f.txt", "before")
+    handle = sbx.files.watch_dir("/home/user/netwatch", allow_network_mounts=True)  # envd 0.6.4
+    try:
+        sbx.files.write("/home/user/netwatch/f.txt", "after")
+        assert (FilesystemEventType.WRITE, "f.txt") in [
+            (e.type, e.name) for e in handle.get_new_events()
+        ]
+    finally:
+        handle.stop()

@@ -19,7 +19,7 @@ from sandcell.router import schemas
 from sandcell.router.auth import Principal
 from sandcell.store import SandboxRecord
 
-ENVD_VERSION = "0.6.3"
+ENVD_VERSION = "0.6.4"  # docs/e2b.md, "The envd version it reports"
 
 CLIENT_ID = "sandcell"
 

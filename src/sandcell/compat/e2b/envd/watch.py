@@ -6,7 +6,9 @@ Changes between two polls are seen as their net effect (a file made and removed 
 not seen). A file written through the façade's own files API is reported at once, as envd's
 upload reports it (CREATE for a new file, CHMOD for the owner it is given, WRITE), and the
 poll then sees nothing new of it. Watchers live in the router process that made them,
-bounded in number.
+bounded in number. A poll sees every filesystem alike, so envd 0.6.4's `allowNetworkMounts`
+(lifting its refusal to watch NFS, CIFS or FUSE, where inotify misses changes) has no
+refusal to lift here: a watch is the same with it or without.
 """
 
 from __future__ import annotations
