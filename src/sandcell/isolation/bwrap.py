@@ -34,7 +34,6 @@ ETC_ENTRIES = (
     "python3.12",
     "python3.13",
     "bash.bashrc",
-    "profile",
     "inputrc",
     "magic",
     "gai.conf",

@@ -74,12 +74,12 @@ def start(
     with contextlib.ExitStack() as fds:
         passed = [listener.fileno()]
         if privileged:
-            own_lines, own = staging.own_filesystems(uid, staging.ETC_FILES, scratch)
+            own_lines, own = staging.own_filesystems(uid, root.etc_files(), scratch)
             stage_lines += own_lines
         else:
             etc = {
                 f"/etc/{name}": _memfd(fds, f"sandcell-etc-{name}", content.encode())
-                for name, content in staging.ETC_FILES.items()
+                for name, content in root.etc_files().items()
             }
             passed += etc.values()
             own = bwrap_made(etc, scratch)

@@ -73,6 +73,20 @@ ETC_FILES = {
     "hostname": "sandcell\n",
 }
 
+# A login shell's /etc/profile on the host's root (E2B's SDK runs every command as
+# `bash -l -c`): Debian's, without its `id -u` forks (a millisecond and a half each run) and
+# its PATH reset, since the command's PATH is already sandcell's own (cellapi.environment).
+LOGIN_PROFILE = """\
+# /etc/profile of a sandcell cell: sourced by login shells; forks nothing.
+if [ "${PS1-}" ]; then
+  if [ "${BASH-}" ] && [ "$BASH" != "/bin/sh" ] && [ -f /etc/bash.bashrc ]; then
+    . /etc/bash.bashrc
+  else
+    PS1='$ '
+  fi
+fi
+"""
+
 
 def scratch_sizes(policy: CellPolicy) -> tuple[int, int]:
     """Bytes of /tmp and /dev/shm. Both are tmpfs, charged to the cell's memory: kept well
@@ -104,6 +118,10 @@ class CellRoot:
             ca_dir = Path(policy.ca_dir)
             trust = image_trust(policy.image_root, ca_dir, cell_dir, CELL_CA_DIR) or trust
         return cls([*staged.binds, *trust], staged.python, staged.chdir, policy.image_root)
+
+    def etc_files(self) -> dict[str, str]:
+        """The generated /etc files (name -> content): an image keeps its own profile."""
+        return ETC_FILES if self.image_root else {**ETC_FILES, "profile": LOGIN_PROFILE}
 
     def system(self, image_root: str) -> list[str]:
         """bwrap's arguments for the read-only system; `image_root` as bwrap reaches it."""

@@ -14,6 +14,7 @@ import pytest
 from e2b import FilesystemEventType, FileType, Sandbox
 from e2b.exceptions import SandboxException
 
+from sandcell.cellapi.environment import FIXED_PATH
 from support.server import RunningServer
 
 pytestmark = pytest.mark.slow
@@ -32,6 +33,17 @@ def _tar(files: dict[str, bytes]) -> bytes:
 def test_commands_start_in_home_user(sbx: Sandbox) -> None:
     run = sbx.commands.run('pwd; echo "$HOME"; cd ~ && pwd')
     assert run.stdout.split() == ["/home/user", "/home/user", "/home/user"]
+
+
+def test_a_login_shell_keeps_the_path_and_forks_nothing(sbx: Sandbox) -> None:
+    """E2B runs every command as `bash -l -c`: the cell's /etc/profile keeps sandcell's PATH
+    (Debian's would reset it) and forks nothing (Debian's runs `id -u`, 1.5 ms a command).
+    Pids in the cell's PID namespace are sequential, so what a login shell forks before its
+    command shows as a gap between two `sh`s."""
+    assert sbx.commands.run('echo "$PATH"').stdout.strip() == FIXED_PATH
+    pids = sbx.commands.run("sh -c 'echo $$'; bash -l -c \"sh -c 'echo \\$\\$'; :\"; :")
+    first, second = map(int, pids.stdout.split())
+    assert second - first == 2  # the login shell itself, then its `sh`: nothing between
 
 
 def test_a_file_written_by_the_api_is_there_for_commands(sbx: Sandbox) -> None:
