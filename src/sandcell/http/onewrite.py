@@ -2,15 +2,20 @@
 
 uvicorn writes a response's head as soon as the app starts it, and its body apart: two sends
 where a small answer needs one, and a client reading it wakes twice. Here the head of a
-response that declares its length waits for the body's first bytes and leaves with them;
-streamed (chunked) responses are written as before.
+response that declares its length waits for the body's first bytes and leaves with them.
+Every write then waits for the end of the event loop's turn, so what a streamed response
+makes of one upstream read (an E2B command's start, end and end of stream) leaves in one
+send; past FLUSH_BYTES it goes at once, so uvicorn's flow control sees the backlog.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+FLUSH_BYTES = 65536
 
 
 class HeadWithBody:
@@ -22,6 +27,8 @@ class HeadWithBody:
         self.cycle = cycle
         self.held = b""
         self.head_seen = False
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
 
     def write(self, data: bytes) -> None:
         if not self.head_seen and self.cycle.response_started:
@@ -31,12 +38,24 @@ class HeadWithBody:
                 return
         if self.held:
             data, self.held = self.held + data, b""
-        self.transport.write(data)
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.pending.append(data)
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending and not self.transport.is_closing():
+            self.transport.write(b"".join(self.pending))
+        self.pending.clear()
+        self.pending_bytes = 0
 
     def close(self) -> None:
         if self.held:  # an app that failed mid-response: the head goes, the client sees it cut
-            self.transport.write(self.held)
+            self.pending.append(self.held)
             self.held = b""
+        self.flush()
         self.transport.close()
 
     def __getattr__(self, name: str) -> Any:
