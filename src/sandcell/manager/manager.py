@@ -235,6 +235,7 @@ class Manager:
                 lambda: self._release(reservation),
             )
             raise
+        self.reaper.due_at(record.deadline)  # a short timeout ends on time, not a pass late
         return record
 
     async def _release(self, reservation: Reservation | None) -> None:

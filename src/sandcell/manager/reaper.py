@@ -144,8 +144,11 @@ class Reaper:
             self._next_pass = min(time.time() + self.interval_s, soonest)
             while (wait := self._next_pass - time.time()) > 0:
                 self._sooner.clear()
+                # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that
+                # arrives as its wait ends, and stop() would then wait out a whole pass.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._sooner.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await self._sooner.wait()
             last_pass = time.time()
             try:
                 reaped = await self.reap_once(last_pass)

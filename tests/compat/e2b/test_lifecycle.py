@@ -6,13 +6,15 @@ a running sandbox's timeout."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
+import pytest
 from e2b import Sandbox
 
-from support.server import RunningServer
+from sdk.helpers import served
+from support.server import SMALL_TEMPLATE, RunningServer
 
 
 def _record(server: RunningServer, key: str, sandbox_id: str) -> dict[str, Any]:
@@ -102,6 +104,52 @@ def test_set_timeout_5_ends_the_sandbox_soon_after(
     finally:
         sbx.kill()
         kept.kill()
+
+
+@pytest.fixture(scope="module")
+def slow_reaper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server whose reaper's regular pass is a minute apart: an end kept on time here was
+    kept by the pass run at that end, not by a tick that happened to fall near it."""
+    config = "[server]\nreap_interval_s = 60\n" + SMALL_TEMPLATE.format(warm_pool=0)
+    yield from served(tmp_path_factory.mktemp("slow-reaper"), config_text=config)
+
+
+def test_timeouts_end_the_sandbox_on_time(slow_reaper: RunningServer) -> None:
+    # E2B's own lifecycle tests create with timeout=3, or set_timeout, and look a few
+    # seconds later.
+    key = slow_reaper.create_key("e2b-ends")
+    url = f"{slow_reaper.url}/e2b"
+    opts: dict[str, Any] = {"api_key": key, "api_url": url, "sandbox_url": url}
+    started = time.monotonic()
+    ended = Sandbox.create(timeout=3, **opts)
+    paused = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"}, **opts)
+    shortened = Sandbox.create(timeout=300, **opts)
+    shortened.set_timeout(4)
+    try:
+        state = {
+            i: _within(20, lambda i=i: _gone_or_paused(slow_reaper, key, i))
+            for i in (ended.sandbox_id, shortened.sandbox_id, paused.sandbox_id)
+        }
+        assert state[ended.sandbox_id] in ("gone", "deleted")
+        assert state[shortened.sandbox_id] in ("gone", "deleted")
+        assert state[paused.sandbox_id] == "paused"
+        assert 2.5 <= time.monotonic() - started < 10
+    finally:
+        for sbx in (ended, paused, shortened):
+            sbx.kill()
+
+
+def test_a_short_v1_idle_timeout_ends_on_time(slow_reaper: RunningServer) -> None:
+    # Alone on its server: no other sandbox's end brings a pass near its own.
+    key = slow_reaper.create_key("v1-idle")
+    started = time.monotonic()
+    with slow_reaper.client(key) as c:
+        idle = c.post("/v1/sandboxes", json={"idle_timeout_s": 3}).raise_for_status().json()
+    assert _within(20, lambda: _gone_or_paused(slow_reaper, key, idle["id"])) in (
+        "gone",
+        "deleted",
+    )
+    assert 2.5 <= time.monotonic() - started < 10
 
 
 def test_connect_extends_a_running_sandboxs_timeout(
