@@ -37,7 +37,7 @@ def image_trust(image_root: str, ca_dir: Path, scratch: Path, cell_ca_dir: str) 
     with the CA added (files under `scratch/tls`, 0444), bound over the real file it names,
     and that directory at `cell_ca_dir`. `ca_dir` is the authority's, holding only its
     bundle, the sandbox's CA last. Empty where the image has no bundle."""
-    (staged,) = (p for p in ca_dir.iterdir() if p.is_file())
+    (staged,) = ca_dir.glob("*.pem")  # the one bundle (never a `.partial` left by a crash)
     sandbox_ca = _BEGIN + staged.read_bytes().rsplit(_BEGIN, 1)[1]
     found: dict[str, bytes] = {}  # the image's real path -> its bundle
     for path in BUNDLE_PATHS:
