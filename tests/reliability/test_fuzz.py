@@ -52,7 +52,7 @@ NOT_ON_THE_HOST = {("POST", "/v1/exec"), ("POST", "/v1/processes")} | {
 PORT_PATHS = ("/v1/ports/", "/p/", "/_preview-host/", "/v1/sandboxes/{sandbox_id}/ports/")
 E2B = "/e2b/"
 E2B_CONNECT = ("/e2b/process.", "/e2b/filesystem.")
-E2B_CONTROL = ("/e2b/sandboxes", "/e2b/v2/sandboxes")
+E2B_CONTROL = ("/e2b/sandboxes", "/e2b/v2/sandboxes", "/e2b/secrets")
 E2B_INTERPRETER = ("/e2b/execute", "/e2b/contexts")
 E2B_ROOT = ("/files",)  # E2B's signed file URLs, served at the root (compat/e2b/signed.py)
 

@@ -58,7 +58,7 @@ def test_the_document_lists_every_operation_of_the_table(document: dict) -> None
     assert schemes["e2bSandboxId"]["name"] == "E2b-Sandbox-Id"
     for method, path, op in _e2b_operations(document):
         control = path.startswith(
-            ("/e2b/sandboxes", "/e2b/v2/", "/e2b/snapshots", "/e2b/templates")
+            ("/e2b/sandboxes", "/e2b/v2/", "/e2b/snapshots", "/e2b/templates", "/e2b/secrets")
         )
         assert op["security"] == (CONTROL_SCHEMES if control else ENVD_SCHEMES), (method, path)
         assert "401" in op["responses"], (method, path)

@@ -64,3 +64,29 @@ class Created(BaseModel):
     envdAccessToken: str
     trafficAccessToken: str
     domain: str | None
+
+
+class NewSecret(BaseModel):
+    """E2B's NewSecret; `metadata` carries sandcell's `hosts` (and `in`), comma-separated."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    value: str = Field(repr=False)
+    metadata: dict[str, str] | None = None
+
+
+class SecretUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: str = Field(repr=False)
+    metadata: dict[str, str] | None = None
+
+
+class Secret(BaseModel):
+    """E2B's Secret: never the value."""
+
+    secretID: str
+    name: str
+    currentVersion: int
+    metadata: dict[str, str]
+    createdAt: str
+    updatedAt: str

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from sandcell.compat.e2b.bodies import json_body
 from sandcell.compat.e2b.control.common import MAX_BODY, _owned, _refused
+from sandcell.compat.e2b.control.secrets import RULES_REFUSAL
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.manager.templates import Template
@@ -46,7 +47,9 @@ def _network(body: dict[str, Any], where: str) -> dict[str, Any] | None:
             continue
         raise _refused(
             f"{where}network.{field}",
-            "sandcell's egress proxies do not offer it (SPEC §11: allow and deny lists only)",
+            RULES_REFUSAL
+            if field == "rules"
+            else "sandcell's egress proxies do not offer it (SPEC §11: allow and deny lists only)",
         )
     public = net.get("allowPublicTraffic")
     if public is not None and not isinstance(public, bool):

@@ -25,6 +25,7 @@ from sandcell.compat.e2b.control.lifecycle import _lifecycle
 from sandcell.compat.e2b.control.listing import _filter, _page, _sandbox_key, descending
 from sandcell.compat.e2b.control.metrics import Samples
 from sandcell.compat.e2b.control.network import _network, _within_max
+from sandcell.compat.e2b.control.secrets import filled
 from sandcell.compat.e2b.control.snapshots import SNAPSHOT
 from sandcell.compat.e2b.gateway import Gateway
 from sandcell.compat.e2b.paths import SANDBOX_ENV
@@ -67,11 +68,13 @@ async def create(gateway: Gateway, principal: Principal, request: Request) -> Re
             None if principal.admin else principal.name, template
         )
         template = snapshot.template
+    env, secrets = filled(body.get("envVars") or {})  # Secret.fill: the sandbox's secrets
     create: dict[str, Any] = {
         "template": template,
         **({"snapshot": snapshot.id} if snapshot else {}),
-        "env": {**SANDBOX_ENV, **(body.get("envVars") or {})},  # HOME: /home/user (§14.2)
+        "env": {**SANDBOX_ENV, **env},  # HOME: /home/user (§14.2)
         "metadata": body.get("metadata") or {},
+        **({"secrets": secrets} if secrets else {}),
         **_lifecycle(body),
     }
     network = _network(body, "")

@@ -17,6 +17,9 @@ from sandcell.compat.e2b.control.models import (
     ForkRequest,
     NetworkUpdate,
     NewSandbox,
+    NewSecret,
+    Secret,
+    SecretUpdate,
     SnapshotRequest,
     Timeout,
 )
@@ -29,6 +32,13 @@ from sandcell.compat.e2b.control.sandboxes import (
     list_sandboxes,
     set_timeout,
 )
+from sandcell.compat.e2b.control.secrets import (
+    create_secret,
+    delete_secret,
+    get_secret,
+    list_secrets,
+    update_secret,
+)
 from sandcell.compat.e2b.control.snapshots import (
     create_snapshot,
     delete_snapshot,
@@ -38,6 +48,7 @@ from sandcell.compat.e2b.control.snapshots import (
 from sandcell.http.openapi import Operation, Query
 
 _SBX = "/sandboxes/{sandbox_id}"
+_BY_ID = "/secrets/{secret_id}"
 
 _LIST_QUERY = (
     Query("metadata", {"type": "string"}, description="urlencoded k=v pairs"),
@@ -52,6 +63,11 @@ _LIST_QUERY = (
 _METRICS_QUERY = (
     Query("start", {"type": "integer"}, description="Unix seconds"),
     Query("end", {"type": "integer"}, description="Unix seconds"),
+)
+
+_PAGE_QUERY = (
+    Query("limit", {"type": "integer"}, description=f"at most {MAX_PAGE}; absent: all"),
+    Query("nextToken", {"type": "string"}, description="from X-Next-Token"),
 )
 
 _SNAP_QUERY = (
@@ -165,4 +181,27 @@ OPERATIONS = (
         status=201,
         errors=(409,),
     ),
+    # SPEC §17: the principal's secrets, sandcell's store (see control/secrets.py)
+    _op(
+        "POST",
+        "/secrets",
+        create_secret,
+        "store a secret (metadata.hosts: where its value may go)",
+        body=NewSecret,
+        response=Secret,
+        status=201,
+        errors=(400, 409, 413),
+    ),
+    _op("GET", "/secrets", list_secrets, "list your secrets (never values)", query=_PAGE_QUERY),
+    _op("GET", _BY_ID, get_secret, "a secret by id or name", response=Secret, errors=(400,)),
+    _op(
+        "POST",
+        _BY_ID,
+        update_secret,
+        "a secret's new value (and hosts)",
+        body=SecretUpdate,
+        response=Secret,
+        errors=(400, 413),
+    ),
+    _op("DELETE", _BY_ID, delete_secret, "delete a secret", status=204, errors=(400,)),
 )
