@@ -8,8 +8,11 @@ refused by name."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +26,7 @@ from e2b.exceptions import (
     SecretNotFoundException,
 )
 
+from compat.e2b.test_matrix import node_dir  # noqa: F401 - the npm SDK, from its lockfile
 from network.tls.conftest import Upstream, UpstreamCA
 from sdk.helpers import served
 from support.server import OPEN_TEMPLATE, RunningServer
@@ -298,8 +302,68 @@ def test_a_filled_sandbox_gets_it_substituted_for_its_host_only(
     assert VALUE not in server.log.read_text() and OTHER not in server.log.read_text()
 
 
+# The npm SDK's Secret, and a sandbox given the secret by Secret.fill: the same façade.
+JS = r"""
+import assert from "node:assert/strict";
+import { Sandbox, Secret, SecretNotFoundError } from "e2b";
+
+const { VALUE, UPSTREAM } = process.env;
+const made = await Secret.create("js-token", VALUE, { metadata: { hosts: "localhost" } });
+assert.equal(made.name, "js_token");
+assert.ok(made.secretId.startsWith("sec_") && made.version === 1 && !("value" in made));
+assert.equal((await Secret.getInfo("JS-TOKEN")).secretId, made.secretId);
+const rotated = await Secret.update(made.secretId, VALUE + "-2");
+assert.ok(rotated.version > made.version);
+assert.deepEqual((await Secret.list().nextItems()).map((s) => s.name), ["js_token"]);
+const sbx = await Sandbox.create("base", {
+  envs: { JS_TOKEN: Secret.fill("js-token") },
+  network: { allowOut: [UPSTREAM], denyOut: ["0.0.0.0/0"] },
+});
+try {
+  const env = { NO_PROXY: "", no_proxy: "" };
+  const url = `https://localhost:${UPSTREAM.split(":")[1]}/js`;
+  const out = await sbx.commands.run(`curl -sS --fail-with-body -H "x-key: $JS_TOKEN" ${url}`, {
+    envs: env,
+  });
+  assert.ok(out.stdout.includes("sandcell-secret-JS_TOKEN-") && !out.stdout.includes(VALUE));
+} finally {
+  await sbx.kill();
+}
+assert.equal(await Secret.destroy("js-token"), true);
+assert.equal(await Secret.destroy("js-token"), false);
+await assert.rejects(Secret.update("js-token", VALUE), SecretNotFoundError);
+console.log("ok");
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_npm_sdk(
+    server: RunningServer,
+    alice: dict[str, Any],
+    upstream: Upstream,
+    node_dir: Path,  # noqa: F811 - the fixture imported above
+) -> None:
+    (node_dir / "secrets.mjs").write_text(JS)
+    env = {
+        **os.environ,
+        "E2B_API_URL": alice["api_url"],
+        "E2B_SANDBOX_URL": alice["sandbox_url"],
+        "E2B_API_KEY": alice["api_key"],
+        "VALUE": VALUE,
+        "UPSTREAM": f"127.0.0.1:{upstream.port}",
+    }
+    done = subprocess.run(
+        ["node", "secrets.mjs"], cwd=node_dir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.startswith("ok"), done.stdout
+    assert upstream.seen.requests[-1]["path"] == "/js"
+    assert upstream.seen.requests[-1]["headers"]["x-key"] == VALUE + "-2"
+    assert VALUE not in server.log.read_text()
+
+
 def test_the_secret_routes_are_in_the_openapi_document(server: RunningServer) -> None:
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert {"get", "post"} <= set(paths["/e2b/secrets"])
     assert {"get", "post", "delete"} <= set(paths["/e2b/secrets/{secret_id}"])
-    assert SecretException  # the SDK's base of the errors above
