@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 from e2b.sandbox.commands.command_handle import PtySize
+
+from support.server import RunningServer
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +62,29 @@ def test_connect_to_a_running_command(sbx: Sandbox) -> None:
     handle = sbx.commands.run("sleep 0.5; echo done", background=True)
     again = sbx.commands.connect(handle.pid)
     assert again.wait().stdout == "done\n"
+
+
+def _inflight(server: RunningServer) -> float:
+    with server.client() as client:
+        text = client.get("/metrics").text
+    return float(re.search(r"^sandcell_inflight_requests ([0-9.e+]+)$", text, re.M)[1])
+
+
+def test_a_client_that_leaves_a_stream_frees_its_request(
+    sbx: Sandbox, e2b_server: RunningServer
+) -> None:
+    """The stream of a command stops when its client goes: the request, with its slot and
+    its hop to the daemon, ends then, not when the command does (http/streamed.py)."""
+    before = _inflight(e2b_server)
+    handle = sbx.commands.run("sleep 60", background=True)
+    assert _inflight(e2b_server) == before + 1  # the Start stream, held open by the handle
+    handle.disconnect()
+    deadline = time.monotonic() + 10
+    while _inflight(e2b_server) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _inflight(e2b_server) == before
+    assert handle.pid in [p.pid for p in sbx.commands.list()]  # the command runs on
+    assert sbx.commands.kill(handle.pid)
 
 
 def test_pty(sbx: Sandbox) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from sandcell.compat.e2b import errors, files, interpreter, signed
 from sandcell.compat.e2b.bodies import json_object
@@ -30,6 +30,7 @@ from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import read_body
 from sandcell.http.onewrite import ABORT
 from sandcell.http.openapi import Endpoint, Operation, Query
+from sandcell.http.streamed import Streamed
 from sandcell.router.core import GONE
 from sandcell.store import SandboxRecord
 
@@ -144,7 +145,7 @@ def _stream(fn: Stream) -> Handler:
         timeout = connect.timeout_s(request.headers)
         events = _stream_events(fn, gateway, record, body, timeout)
         relay = connect.stream(events, timeout, request.scope.get(ABORT))
-        return StreamingResponse(relay, media_type=connect.STREAM_MEDIA)
+        return Streamed(relay, media_type=connect.STREAM_MEDIA)
 
     return handler
 
