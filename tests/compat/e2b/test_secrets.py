@@ -193,6 +193,9 @@ def test_hostile_bodies_are_refused_by_name(server: RunningServer, alice: dict[s
         }
         assert c.get("/secrets/not%20a%20name").status_code == 400
         assert c.delete("/secrets/sec_nope").status_code == 404
+        for env in ([1], "A=1"):  # envVars not an object: a 500 before
+            r = c.post("/sandboxes", json={"envVars": env})
+            assert r.status_code == 400 and r.json()["message"].startswith("envVars: ")
     with pytest.raises(SecretNotFoundException):
         Secret.get_info("no-such-secret", **alice)
     assert Secret.destroy("no-such-secret", **alice) is False

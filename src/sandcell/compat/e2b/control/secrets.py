@@ -67,7 +67,10 @@ def sandcell_name(e2b_name: Any, field: str = "name") -> str:
 
 
 def secret_id(rec: UserSecretRecord) -> str:
-    digest = hashlib.sha256(f"{rec.owner}\0{rec.name}\0{rec.created_at!r}".encode())
+    """Stable for the secret's life, another after a delete and a new create. The creation
+    time counts in microseconds, so a store's float spelling cannot change the id."""
+    made = round(rec.created_at * 1_000_000)
+    digest = hashlib.sha256(f"{rec.owner}\0{rec.name}\0{made}".encode())
     return ID_PREFIX + digest.hexdigest()[:32]
 
 
@@ -245,8 +248,8 @@ def filled(env: Any) -> tuple[dict[str, Any], list[str]]:
     secrets they give the sandbox: the variable of a secret is its own name, which holds
     its placeholder. A fill in any other variable, or inside a longer value, is refused by
     name: sandcell substitutes its placeholder, which only the secret's own variable holds."""
-    if not isinstance(env, dict):
-        return env, []
+    if not isinstance(env, dict):  # a list or a string: once a 500, spreading it
+        raise _refused("envVars", "must be an object of strings")
     kept: dict[str, Any] = {}
     names: list[str] = []
     for var, value in env.items():
