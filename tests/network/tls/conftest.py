@@ -9,8 +9,10 @@ import contextlib
 import datetime
 import http.server
 import io
+import itertools
 import json
 import os
+import random
 import ssl
 import threading
 import zipfile
@@ -161,6 +163,7 @@ def _memfile(data: bytes) -> Iterator[str]:
 @dataclass
 class Seen:
     requests: list[dict] = field(default_factory=list)
+    gate: threading.Event = field(default_factory=threading.Event)  # opened by a test
 
 
 WHEEL_NAME = "sandpkg-1.0-py3-none-any.whl"
@@ -181,6 +184,25 @@ def wheel() -> bytes:
             archive.writestr(name, data)
         archive.writestr("sandpkg-1.0.dist-info/RECORD", record)
     return buffer.getvalue()
+
+
+# Where the echoes of `echoes` start: around 256 KiB reads and the 16 KiB of a TLS record.
+ECHO_OFFSETS = (0, 16_384 - 7, 262_144 - 20, 2 * 262_144 - 1, 3 * 262_144 + 5)
+# Where `/echoes/` splits its writes: in the middle of each echo but the first.
+ECHO_CUTS = tuple(at + 11 for at in ECHO_OFFSETS[1:])
+GATED_AT = 300_000
+
+
+def noise(size: int, seed: int = 7) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def echoes(secret: bytes, size: int, offsets: tuple[int, ...] = ECHO_OFFSETS) -> bytes:
+    """`size` bytes of noise with `secret` written over it at each of `offsets`."""
+    data = bytearray(noise(size))
+    for at in offsets:
+        data[at : at + len(secret)] = secret
+    return bytes(data)
 
 
 def _handler(seen: Seen, index_auth: bytes | None) -> type[http.server.BaseHTTPRequestHandler]:
@@ -224,6 +246,37 @@ def _handler(seen: Seen, index_auth: bytes | None) -> type[http.server.BaseHTTPR
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     self.wfile.flush()
                 self.wfile.write(b"0\r\n\r\n")
+                return
+            if self.path.startswith("/echoes/"):
+                # Longer than what is read whole: the value at offsets around the proxy's
+                # reads, each echo written in two halves (two TLS records, two segments).
+                payload = echoes(VALUE, int(self.path.split("/")[2]))
+                self.send_response(200)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                for start, end in itertools.pairwise([0, *ECHO_CUTS, len(payload)]):
+                    self.wfile.write(payload[start:end])
+                    self.wfile.flush()
+                return
+            if self.path.startswith("/gated/"):
+                # The value at GATED_AT, its first 11 bytes written before the gate opens.
+                size = int(self.path.split("/")[2])
+                payload = echoes(VALUE, size, (GATED_AT,))
+                self.send_response(200)
+                self.send_header("content-length", str(size))
+                self.end_headers()
+                self.wfile.write(payload[: GATED_AT + 11])
+                self.wfile.flush()
+                if not seen.gate.wait(10):
+                    return
+                self.wfile.write(payload[GATED_AT + 11 :])
+                return
+            if self.path.startswith("/random/"):
+                payload = noise(int(self.path.split("/")[2]))
+                self.send_response(200)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
                 return
             if self.path.startswith("/bulk/"):
                 size = int(self.path.split("/")[2])

@@ -11,6 +11,11 @@ and sent with its new length, a longer one is sent chunked. A refused placeholde
 never reaches the upstream: in the head it stops the request before anything is sent; in a
 streamed body the chunk that holds it is never sent (the upstream gets an incomplete request
 and the connection closes). Either way the cell gets a 403 naming the secret and the host.
+
+Bulk bodies: each TLS transport decrypts into a fixed buffer of its own (`_Inbox`, read up to
+`CHUNK` at a time), h11 frames what it holds, the rewrite hands back views of the chunk where
+nothing matches, and h11's framing pieces go out in one `writelines`: a body byte is copied
+by h11 and the TLS layers only, and Python runs once per chunk, not per record.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import h11
 
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
     from sandcell.network.egress import EgressService
 
 log = logging.getLogger("sandcell.egress.secrets")
-CHUNK = 65_536
+CHUNK = 262_144  # what one read may bring: big enough that per-read costs do not count
 MAX_HEAD = 65_536
 MAX_REWRITTEN_BODY = 16 * 1_048_576
 # A response whose length an echo could change is read whole up to this size (its length
@@ -43,50 +48,155 @@ Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 FRAMING = {b"content-length", b"transfer-encoding"}
 
 
+class _Inbox(asyncio.BufferedProtocol):
+    """A TLS transport's protocol in place of its StreamReader's: records are decrypted
+    straight into one buffer of `CHUNK` bytes (no bytes object per record, no copies into and
+    out of a stream buffer), reading pauses while it is full, and writes have `drain`."""
+
+    def __init__(self, transport: asyncio.Transport, closed: bool) -> None:
+        self.transport = transport
+        self.buffer = memoryview(bytearray(CHUNK))
+        self.filled = 0
+        self.eof = closed
+        self.lost = False
+        self.error: BaseException | None = None
+        self.paused = False
+        self.reading: asyncio.Future[None] | None = None
+        self.writing: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def install(cls, streams: Streams) -> _Inbox:
+        """Takes `streams`' transport over from its StreamReader, with what it held."""
+        reader, writer = streams
+        # A TLS transport reads and writes (uvloop's is no subclass of asyncio's classes).
+        transport = cast(asyncio.Transport, writer.transport)
+        transport.set_protocol(inbox := cls(transport, transport.is_closing()))
+        reader.feed_eof()  # it gets nothing more: what it holds is read without waiting
+        if leftover := await reader.read():
+            inbox.buffer = memoryview(bytearray(max(CHUNK, len(leftover) + 1)))
+            inbox.buffer[: len(leftover)] = leftover
+            inbox.filled = len(leftover)
+        transport.resume_reading()  # its StreamReader may have paused it, when full
+        return inbox
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer[self.filled :]  # never empty: reading pauses when it is full
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
+        if self.filled == len(self.buffer):
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake_reader()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = self.lost = True
+        self.error = exc
+        self._wake_reader()
+        if self.writing is not None and not self.writing.done():
+            self.writing.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self.writing is None or self.writing.done():
+            self.writing = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.writing is not None and not self.writing.done():
+            self.writing.set_result(None)
+        self.writing = None
+
+    def _wake_reader(self) -> None:
+        if self.reading is not None and not self.reading.done():
+            self.reading.set_result(None)
+
+    async def wait(self, idle_s: float, last: list[float]) -> memoryview:
+        """What has arrived (empty at the end), valid until `consumed`; an idle timeout
+        only once `last` (both directions' last activity) is `idle_s` old."""
+        while not self.filled:
+            if self.error is not None:
+                raise self.error
+            if self.eof:
+                return self.buffer[:0]
+            self.reading = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self.reading, idle_s)
+            except TimeoutError:
+                if time.monotonic() - last[0] >= idle_s:
+                    raise
+            finally:
+                self.reading = None
+        return self.buffer[: self.filled]
+
+    def consumed(self) -> None:
+        self.filled = 0
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+
+    async def drain(self) -> None:
+        if self.writing is not None:
+            await self.writing
+        if self.lost:
+            raise ConnectionResetError("Connection lost")
+
+
+Piece = bytes | bytearray | memoryview
+
+
 class _Side:
-    """One h11 connection over one stream; `last` is shared by both sides, so a quiet side
-    of a busy exchange does not time out."""
+    """One h11 connection over one TLS transport; `last` is shared by both sides, so a
+    quiet side of a busy exchange does not time out."""
 
     def __init__(
         self,
         role: type[h11.CLIENT] | type[h11.SERVER],
-        streams: Streams,
+        inbox: _Inbox,
         idle_s: float,
         last: list[float],
         count: Callable[[int], None],
     ) -> None:
         self.conn = h11.Connection(role, max_incomplete_event_size=MAX_HEAD)
-        self.reader, self.writer = streams
+        self.inbox = inbox
+        self.transport = inbox.transport
         self.idle_s, self.last, self.count = idle_s, last, count
-        self.pending: list[bytes] = []
+        self.pending: list[Piece] = []
 
     async def next_event(self) -> object:
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            while True:
-                try:
-                    data = await asyncio.wait_for(self.reader.read(CHUNK), self.idle_s)
-                    break
-                except TimeoutError:
-                    if time.monotonic() - self.last[0] >= self.idle_s:
-                        raise
+            data = await self.inbox.wait(self.idle_s, self.last)
             self.last[0] = time.monotonic()
-            self.conn.receive_data(data)
+            self.conn.receive_data(cast(bytes, data))  # h11 copies it: the buffer is free again
+            self.inbox.consumed()
 
     async def send(self, event: h11.Event, *, now: bool = True) -> None:
         """Sends `event`; a head sent with `now=False` leaves with what follows it, in one
-        write (one TLS record, one segment: no small write for Nagle's algorithm to hold)."""
-        data = self.conn.send(event)
-        if data:
-            self.pending.append(data)
-        if now and self.pending:
-            out = b"".join(self.pending) if len(self.pending) > 1 else self.pending[0]
-            self.pending.clear()
-            self.count(len(out))
-            self.writer.write(out)
-            await self.writer.drain()
+        write (one TCP segment: no small write for Nagle's algorithm to hold)."""
+        self.pending += self.conn.send_with_data_passthrough(event) or []
+        if now:
+            await self.flush()
+
+    async def send_body(self, pieces: list[Piece]) -> None:
+        """Body bytes as they are (views of a bulk chunk are framed by h11, not copied)."""
+        for piece in pieces:  # h11 takes any buffer, though typed for bytes
+            data = h11.Data(data=cast(bytes, piece))
+            self.pending += self.conn.send_with_data_passthrough(data) or []
+        await self.flush()
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        out, self.pending = self.pending, []
+        self.count(sum(map(len, out)))
+        self.transport.writelines(out)
+        await self.inbox.drain()
 
 
 async def relay(
@@ -120,6 +230,7 @@ async def relay(
         context = substitution.authorities.of(sandbox_id, hosts).server_context(rules.host)
         await established()
         await cell[1].start_tls(context, ssl_handshake_timeout=service.limits.head_timeout_s)
+        cell_inbox, upstream_inbox = await _Inbox.install(cell), await _Inbox.install(upstream)
         last = [time.monotonic()]
         bytes_out = service.metrics.bytes.labels("out")
         bytes_in = service.metrics.bytes.labels("in")
@@ -128,8 +239,8 @@ async def relay(
             substitution,
             sandbox_id,
             rules,
-            _Side(h11.SERVER, cell, idle, last, bytes_in.inc),
-            _Side(h11.CLIENT, upstream, idle, last, bytes_out.inc),
+            _Side(h11.SERVER, cell_inbox, idle, last, bytes_in.inc),
+            _Side(h11.CLIENT, upstream_inbox, idle, last, bytes_out.inc),
         )
         await exchange.run()
     except (ssl.SSLError, h11.ProtocolError) as exc:
@@ -250,7 +361,7 @@ class _Exchange:
         while True:
             event = await self.cell.next_event()
             if isinstance(event, h11.Data):
-                parts.append(body.feed(bytes(event.data)))
+                parts.append(body.feed(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 parts.append(body.flush())
                 self._record_body(body)
@@ -331,7 +442,7 @@ async def _whole(source: _Side, rewrite: Rewriter) -> bytes:
     while True:
         event = await source.next_event()
         if isinstance(event, h11.Data):
-            parts.append(rewrite.feed(bytes(event.data)))
+            parts.append(rewrite.feed(event.data))
         elif isinstance(event, h11.EndOfMessage):
             parts.append(rewrite.flush())
             return b"".join(parts)
@@ -344,8 +455,7 @@ async def _stream(source: _Side, sink: _Side, rewrite: Rewriter, early: str) -> 
     while True:
         event = await source.next_event()
         if isinstance(event, h11.Data):
-            if out := rewrite.feed(bytes(event.data)):
-                await sink.send(h11.Data(data=out))
+            await sink.send_body(rewrite.parts(event.data))
         elif isinstance(event, h11.EndOfMessage):
             if rest := rewrite.flush():
                 await sink.send(h11.Data(data=rest))

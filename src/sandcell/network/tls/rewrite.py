@@ -196,11 +196,26 @@ class Rewriter:
     def __bool__(self) -> bool:
         return bool(self.table)
 
-    def feed(self, chunk: bytes) -> bytes:
+    def feed(self, chunk: bytes | bytearray) -> bytes:
+        return b"".join(self.parts(chunk))
+
+    def parts(self, chunk: bytes | bytearray) -> list[bytes | bytearray | memoryview]:
+        """`feed`'s output as the pieces to send in order: where nothing matches, views of
+        `chunk` (no copy of a bulk chunk; whoever hands it in must not change it after)."""
         if not self.table:
-            return chunk
-        data = self.held + chunk if self.held else chunk
-        out: list[bytes] = []
+            return [chunk] if chunk else []
+        held = self.held
+        out: list[bytes | bytearray | memoryview] = []
+        data = chunk
+        if held:
+            # A match that starts in what was held ends within `keep` bytes of this chunk:
+            # only if one may is the chunk joined to it (a copy) to be scanned as one.
+            window = held + chunk[: self.keep]
+            if len(chunk) < self.keep or any(key in window for key in self.table):
+                data = held + chunk
+            else:
+                out.append(held)
+        view = memoryview(data)
         pos = 0
         while True:
             found, key = -1, b""
@@ -213,14 +228,16 @@ class Rewriter:
             replacement = self.table[key]
             if isinstance(replacement, Refusal):
                 raise replacement
-            out.append(data[pos:found])
+            if found > pos:
+                out.append(view[pos:found])
             out.append(replacement)
             self.used.add(key)
             pos = found + len(key)
-        keep = min(len(data) - pos, self.keep)
-        out.append(data[pos : len(data) - keep])
-        self.held = data[len(data) - keep :]
-        return b"".join(out)
+        end = len(data) - min(len(data) - pos, self.keep)
+        if end > pos:
+            out.append(view[pos:end])
+        self.held = bytes(view[end:])
+        return out
 
     def flush(self) -> bytes:
         """The bytes held back, once the stream has ended (no match can complete now)."""
