@@ -144,3 +144,12 @@ def test_a_watch_allowing_network_mounts_is_the_same_watch(sbx: Sandbox) -> None
         ]
     finally:
         handle.stop()
+
+
+def test_a_killed_process_is_gone_when_kill_returns(sbx: Sandbox) -> None:
+    """E2B's test_kill_process runs `kill -0 PID` right after `commands.kill(pid)`: the pid
+    must be reaped by then, not merely signalled (under load the reap can lag the signal)."""
+    for _ in range(10):
+        pid = sbx.commands.run("sleep 30", background=True).pid
+        assert sbx.commands.kill(pid)
+        assert pid not in [p.pid for p in sbx.commands.list()]

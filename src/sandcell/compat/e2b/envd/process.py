@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import signal
@@ -18,6 +19,7 @@ from sandcell.store import SandboxRecord
 
 Event = dict[str, Any]
 OUTPUTS = ("stdout", "stderr", "pty")
+REAP_WAIT_S, REAP_POLL_S = 2.0, 0.01  # how long a kill waits for the reap, and how often it looks
 SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL", 15: "SIGTERM"}
 
 
@@ -199,7 +201,19 @@ async def send_signal(
         if exc.code is not ErrorCode.CONFLICT:
             raise
         raise ServiceError(ErrorCode.NOT_FOUND, f"process with pid {pid} not found") from exc
+    if name == "SIGKILL":
+        await _reaped(gateway, record, pid)
     return {}
+
+
+async def _reaped(gateway: Gateway, record: SandboxRecord, pid: int) -> None:
+    """Until the daemon has reaped a killed process (boundedly): then its pid is free, as
+    after envd's kill, so a `kill -0 PID` the caller runs next finds nothing."""
+    deadline = asyncio.get_running_loop().time() + REAP_WAIT_S
+    while asyncio.get_running_loop().time() < deadline:
+        if (await gateway.json(record, "GET", f"processes/{pid}"))["state"] != "running":
+            return
+        await asyncio.sleep(REAP_POLL_S)
 
 
 async def close_stdin(
