@@ -20,6 +20,7 @@ from wsproto.events import BytesMessage, CloseConnection, TextMessage
 from sandcell import Sandbox
 from sandcell.client.errors import BadRequestError, ForbiddenError
 from sandcell.isolation.cell import LocalCells
+from sandcell.isolation.runtime import cell_python
 from sandcell.network.websocket import Rejected, Upstream
 from support.server import RunningServer, sandcell_bin, start_server
 
@@ -169,9 +170,14 @@ def test_an_allow_listed_host_server_is_reached_by_python_and_curl(client, host_
     allowed, other = host_ports
     sbx = create(client, network={"egress": "allowlist", "allow": [f"127.0.0.1:{allowed}"]})
     env = run(client, sbx, "env")["stdout"]
-    assert "HTTP_PROXY=http://127.0.0.1:3128" in env and "ALL_PROXY=socks5h://127.0.0.1:1080" in env
+    assert "HTTP_PROXY=http://127.0.0.1:3128" in env and "ALL_PROXY=http://127.0.0.1:3128" in env
     out = run(client, sbx, FETCH + f"http://127.0.0.1:{allowed}/py", **NO_BYPASS)
     assert out["stdout"].strip() == "hello from the host, /py"
+    # httpx as the openai and anthropic SDKs make it, from the proxy variables alone, without
+    # socksio (which it wants for a SOCKS ALL_PROXY before it sends anything).
+    stock = f"{cell_python()} -c 'import httpx, sys; print(httpx.Client().get(sys.argv[1]).text)' "
+    out = run(client, sbx, stock + f"http://127.0.0.1:{allowed}/httpx", **NO_BYPASS)
+    assert out["stdout"].strip() == "hello from the host, /httpx", out
     out = run(client, sbx, f"curl -sS http://127.0.0.1:{allowed}/curl", **NO_BYPASS)
     assert out["stdout"] == "hello from the host, /curl"
     # Another port of the same host: refused, by the proxy, with the reason.
@@ -251,8 +257,7 @@ def test_a_live_change_from_none_gives_later_commands_the_proxy_variables(client
     assert r.status_code == 200, r.text
     proxy = "http://127.0.0.1:3128"
     assert run(client, sbx, PROXY_VARS)["stdout"].split() == [
-        *[proxy] * 4,
-        "socks5h://127.0.0.1:1080",
+        *[proxy] * 5,
         "localhost,127.0.0.1",
         "kept",
     ]
