@@ -1,5 +1,5 @@
 """Persistent state of sandcell: sandboxes, session keys, API keys, manager secrets (SPEC §7),
-principals' secrets (§17)."""
+principals' secrets (§17), the node roster (§18)."""
 
 from .base import ApiKeyExistsError, ByteReservation, Reservation, SecretPut, Store
 from .crypto import (
@@ -11,8 +11,11 @@ from .crypto import (
 )
 from .factory import open_store
 from .records import (
+    NODE_STATES,
     STATES,
     ApiKeyRecord,
+    NodeRecord,
+    NodeState,
     SandboxRecord,
     SnapshotRecord,
     State,
@@ -20,10 +23,13 @@ from .records import (
 )
 
 __all__ = [
+    "NODE_STATES",
     "STATES",
     "ApiKeyExistsError",
     "ApiKeyRecord",
     "ByteReservation",
+    "NodeRecord",
+    "NodeState",
     "Reservation",
     "SandboxRecord",
     "Sealer",

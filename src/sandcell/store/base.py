@@ -12,7 +12,18 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .crypto import Sealer
-from .records import STATES, ApiKeyRecord, SandboxRecord, SnapshotRecord, State, UserSecretRecord
+from .nodes import check_node
+from .records import (
+    NODE_STATES,
+    STATES,
+    ApiKeyRecord,
+    NodeRecord,
+    NodeState,
+    SandboxRecord,
+    SnapshotRecord,
+    State,
+    UserSecretRecord,
+)
 
 FieldValue = str | int | float | bytes
 SESSION_KEY_FIELD = "session_key"  # column / hash field holding the sealed session private key
@@ -327,6 +338,40 @@ class Store(ABC):
 
     @abstractmethod
     async def delete_user_secret(self, owner: str, name: str) -> bool: ...
+
+    # -- the node roster (SPEC §18) -----------------------------------------------------------
+
+    async def register_node(self, rec: NodeRecord) -> NodeRecord:
+        """A node's registration and each of its heartbeats: the record's figures and
+        `heartbeat_at` replace the stored ones in one step, but a known node keeps its stored
+        `state` and `registered_at` (a heartbeat never undoes a drain). Returns what is stored.
+        Raises a 400 ServiceError naming a field the node may not report."""
+        check_node(rec)
+        return await self._put_node(rec)
+
+    async def set_node_state(self, name: str, state: NodeState) -> bool:
+        """Drain a node (`draining`: no more placements) or put it back (`active`); False if
+        no such node."""
+        if state not in NODE_STATES:
+            raise ValueError(f"invalid node state {state!r}; expected one of {NODE_STATES}")
+        return await self._set_node_state(name, state)
+
+    @abstractmethod
+    async def _put_node(self, rec: NodeRecord) -> NodeRecord: ...
+
+    @abstractmethod
+    async def _set_node_state(self, name: str, state: NodeState) -> bool: ...
+
+    @abstractmethod
+    async def get_node(self, name: str) -> NodeRecord | None: ...
+
+    @abstractmethod
+    async def list_nodes(self) -> list[NodeRecord]:
+        """The whole roster, sorted by name."""
+
+    @abstractmethod
+    async def remove_node(self, name: str) -> bool:
+        """Forget a node (a node still running registers again at its next heartbeat)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 

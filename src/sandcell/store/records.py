@@ -216,3 +216,36 @@ class UserSecretRecord(_Record):
     places: tuple[str, ...]  # where the proxy may substitute it: "headers", "query", "body"
     created_at: float
     updated_at: float
+
+
+NodeState = Literal["active", "draining"]
+NODE_STATES: frozenset[str] = frozenset(get_args(NodeState))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord(_Record):
+    """A node of the roster (SPEC §18) as it last reported itself. Capacity is what the node
+    offers in all; the free figures and `live_cells` count what sandboxes hold (warm pooled
+    cells are free capacity: claiming one takes a cell like a cold create). `state` is the
+    operator's (a heartbeat never changes it); whether the node is reachable is computed from
+    `heartbeat_at` (`sandcell.store.nodes.liveness`), never stored."""
+
+    name: str
+    address: str  # host:port of its node API
+    version: str
+    heartbeat_at: float
+    memory_mb: int
+    cpus: float
+    cells: int
+    disk_mb: int
+    free_memory_mb: int
+    free_cpus: float
+    free_disk_mb: int
+    live_cells: int
+    labels: dict[str, str] = field(default_factory=dict)
+    state: NodeState = "active"
+    registered_at: float = 0.0
+
+    @property
+    def free_cells(self) -> int:
+        return max(0, self.cells - self.live_cells)

@@ -16,6 +16,8 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:secret:{<name>}       string  sealed value (the manager's own secrets)
     sandcell:usecret:{<owner>}:<name>  hash  UserSecretRecord.to_flat() + `value` (sealed)
     sandcell:usecrets:{<owner>}    set     the owner's secret names (same slot: one script)
+    sandcell:node:{nodes}:<name>   hash    NodeRecord.to_flat() (the node roster, SPEC §18)
+    sandcell:{nodes}:names         set     the roster's names (same slot: one script)
 
 Each sandbox is one hash in a slot of its own, holding its session key too, so one DEL removes
 record and key together. The indexes live elsewhere and are updated by non-transactional
@@ -73,6 +75,8 @@ from .records import (
     PARKED_STATES,
     ApiKeyRecord,
     Flat,
+    NodeRecord,
+    NodeState,
     SandboxRecord,
     SnapshotRecord,
     UserSecretRecord,
@@ -84,12 +88,14 @@ STALE_GRACE_S = 60.0
 EXPIRY_INDEX = "sandcell:{idx}:expiry"
 IDLE_INDEX = "sandcell:{idx}:idle"
 API_KEY_NAMES = "sandcell:{apikeys}:names"
+NODE_NAMES = "sandcell:{nodes}:names"
 SNAPSHOT_INDEX = "sandcell:{idx}:snaps"
 
 _SBX_FIELDS = SandboxRecord.fields()
 _KEY_FIELDS = ApiKeyRecord.fields()
 _SNAP_FIELDS = SnapshotRecord.fields()
 _USECRET_FIELDS = UserSecretRecord.fields()
+_NODE_FIELDS = NodeRecord.fields()
 _DEADLINE_FIELDS = ("expires_at", "last_activity_at", "idle_timeout_s")
 
 # Every script touches a single key, so they are safe on a cluster.
@@ -178,6 +184,15 @@ _DROP_SEALED = """
 redis.call('SREM', KEYS[2], ARGV[1])
 return redis.call('DEL', KEYS[1])
 """
+# KEYS: the node's hash, the roster's name set (one slot). ARGV: name, state, registered_at,
+# then the other field/value pairs. A known node keeps its state and registered_at.
+_PUT_NODE = """
+redis.call('HSETNX', KEYS[1], 'state', ARGV[2])
+redis.call('HSETNX', KEYS[1], 'registered_at', ARGV[3])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('SADD', KEYS[2], ARGV[1])
+return redis.call('HGETALL', KEYS[1])
+"""
 _TAKE_BYTES = """
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
@@ -231,6 +246,10 @@ def _user_secret_key(owner: str, name: str) -> str:
 
 def _user_secrets_key(owner: str) -> str:
     return f"sandcell:usecrets:{{{owner}}}"
+
+
+def _node_key(name: str) -> str:
+    return f"sandcell:node:{{nodes}}:{name}"
 
 
 # The client is made without decode_responses (factory.py), so every reply is bytes; redis-py
@@ -599,6 +618,32 @@ class RedisStore(Store):
         keys = (_user_secret_key(owner, name), _user_secrets_key(owner))
         return bool(await self._r.eval(_DROP_SEALED, 2, *keys, name))
 
+    # -- the node roster ----------------------------------------------------------------------
+
+    async def _put_node(self, rec: NodeRecord) -> NodeRecord:
+        flat = rec.to_flat()
+        kept = (flat.pop("state"), flat.pop("registered_at"))
+        pairs = itertools.chain.from_iterable(flat.items())
+        keys = (_node_key(rec.name), NODE_NAMES)
+        stored = await self._r.eval(_PUT_NODE, 2, *keys, rec.name, *kept, *pairs)
+        fields = {_text(k): v for k, v in zip(stored[::2], stored[1::2], strict=True)}
+        return NodeRecord.from_dict(fields)
+
+    async def _set_node_state(self, name: str, state: NodeState) -> bool:
+        return bool(await _hset_if_exists(self._r, _node_key(name), {"state": state}))
+
+    async def get_node(self, name: str) -> NodeRecord | None:
+        return _from_hmget(NodeRecord, await self._r.hmget(_node_key(name), _NODE_FIELDS))
+
+    async def list_nodes(self) -> list[NodeRecord]:
+        names = sorted(_text(n) for n in await self._r.smembers(NODE_NAMES))
+        rows = await self._hmget_many([_node_key(name) for name in names], _NODE_FIELDS)
+        return [r for r in (_from_hmget(NodeRecord, row) for row in rows) if r is not None]
+
+    async def remove_node(self, name: str) -> bool:
+        # The same two steps as a principal's secret: out of the name set, then the hash.
+        return bool(await self._r.eval(_DROP_SEALED, 2, _node_key(name), NODE_NAMES, name))
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def ping(self) -> None:
@@ -608,7 +653,7 @@ class RedisStore(Store):
         await self._r.aclose()
 
 
-_R = TypeVar("_R", SandboxRecord, ApiKeyRecord, SnapshotRecord, UserSecretRecord)
+_R = TypeVar("_R", SandboxRecord, ApiKeyRecord, SnapshotRecord, UserSecretRecord, NodeRecord)
 
 
 def _from_hmget(cls: type[_R], values: list[Any]) -> _R | None:

@@ -34,14 +34,16 @@ from .records import (
     PARKED_STATES,
     PAUSED_STATES,
     ApiKeyRecord,
+    NodeRecord,
+    NodeState,
     SandboxRecord,
     SnapshotRecord,
     UserSecretRecord,
 )
 
 # Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns,
-# 4 `snapshot_reservations`, 5 `user_secrets` and the sandboxes' `secrets`.
-SCHEMA_VERSION = 5
+# 4 `snapshot_reservations`, 5 `user_secrets` and the sandboxes' `secrets`, 6 `nodes`.
+SCHEMA_VERSION = 6
 # Older files gain the new columns here; new tables come from _SCHEMA (IF NOT EXISTS).
 _ADDED_COLUMNS = {
     "network": "TEXT NOT NULL DEFAULT '{}'",
@@ -131,6 +133,23 @@ CREATE TABLE IF NOT EXISTS user_secrets (  -- principals' secrets (SPEC §17), s
     value      BLOB NOT NULL,  -- sealed, bound to owner and name
     PRIMARY KEY (owner, name)
 ) STRICT;
+CREATE TABLE IF NOT EXISTS nodes (  -- the node roster (SPEC §18), since version 6
+    name           TEXT PRIMARY KEY,
+    address        TEXT NOT NULL,
+    version        TEXT NOT NULL,
+    heartbeat_at   REAL NOT NULL,
+    memory_mb      INTEGER NOT NULL,
+    cpus           REAL NOT NULL,
+    cells          INTEGER NOT NULL,
+    disk_mb        INTEGER NOT NULL,
+    free_memory_mb INTEGER NOT NULL,
+    free_cpus      REAL NOT NULL,
+    free_disk_mb   INTEGER NOT NULL,
+    live_cells     INTEGER NOT NULL,
+    labels         TEXT NOT NULL,  -- JSON
+    state          TEXT NOT NULL,
+    registered_at  REAL NOT NULL
+) STRICT;
 """
 
 # Column lists come from the record classes (never from input), hence the S608 waivers below.
@@ -165,6 +184,19 @@ _USECRET_COLS = ", ".join(UserSecretRecord.fields())
 _INSERT_USECRET = (
     f"INSERT INTO user_secrets ({_USECRET_COLS}, {USER_SECRET_VALUE_FIELD}) "  # noqa: S608
     f"VALUES ({', '.join(':' + c for c in UserSecretRecord.fields())}, :blob)"
+)
+_NODE_COLS = ", ".join(NodeRecord.fields())
+# A heartbeat rewrites the figures; a known node keeps its state and first registration.
+_UPSERT_NODE = (
+    f"INSERT INTO nodes ({_NODE_COLS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in NodeRecord.fields())}) "
+    "ON CONFLICT (name) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = excluded.{c}"
+        for c in NodeRecord.fields()
+        if c not in ("name", "state", "registered_at")
+    )
+    + f" RETURNING {_NODE_COLS}"
 )
 _INSERT_KEY = (
     f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
@@ -487,6 +519,28 @@ class SQLiteStore(Store):
     async def delete_user_secret(self, owner: str, name: str) -> bool:
         sql = "DELETE FROM user_secrets WHERE owner = ? AND name = ?"
         return self._write(sql, (owner, name)) == 1
+
+    # -- the node roster ----------------------------------------------------------------------
+
+    async def _put_node(self, rec: NodeRecord) -> NodeRecord:
+        with self._lock:
+            # fetchall: a RETURNING statement commits only once stepped to its end
+            row = self._conn.execute(_UPSERT_NODE, rec.to_flat()).fetchall()[0]
+        return NodeRecord.from_dict(row)
+
+    async def _set_node_state(self, name: str, state: NodeState) -> bool:
+        return self._write("UPDATE nodes SET state = ? WHERE name = ?", (state, name)) == 1
+
+    async def get_node(self, name: str) -> NodeRecord | None:
+        rows = self._read(f"SELECT {_NODE_COLS} FROM nodes WHERE name = ?", (name,))  # noqa: S608
+        return NodeRecord.from_dict(rows[0]) if rows else None
+
+    async def list_nodes(self) -> list[NodeRecord]:
+        rows = self._read(f"SELECT {_NODE_COLS} FROM nodes ORDER BY name")  # noqa: S608
+        return [NodeRecord.from_dict(row) for row in rows]
+
+    async def remove_node(self, name: str) -> bool:
+        return self._write("DELETE FROM nodes WHERE name = ?", (name,)) == 1
 
     # -- lifecycle ----------------------------------------------------------------------------
 
