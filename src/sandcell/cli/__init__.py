@@ -27,6 +27,7 @@ class _Commands(LazyGroup):
         "mcp": "mcp",
         "template": "templates",
         "secrets": "secrets",
+        "cluster": "cluster",
     }
 
 
