@@ -4,8 +4,11 @@ writes (and across the relay's reads) still reaches the client as the placeholde
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import ssl
+import time
 
 import httpx
 import pytest
@@ -86,3 +89,17 @@ async def test_a_large_upload_arrives_byte_identical(secrets, api):
     assert second["headers"]["transfer-encoding"] == "chunked"
     for seen in (first, second):
         assert seen["body"].encode("latin-1") == payload
+
+
+async def test_a_quiet_intercepted_connection_ends_at_the_idle_timeout(secrets, api):
+    """Reads wait on a timer of their own: a connection on which nothing moves is closed."""
+    secrets.service.limits = dataclasses.replace(secrets.service.limits, idle_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", secrets.ports["sbx-a"])
+    writer.write(f"CONNECT api.test:{api.port} HTTP/1.1\r\nhost: api.test\r\n\r\n".encode())
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    trust = ssl.create_default_context(cafile=str(secrets.bundle()))
+    await writer.start_tls(trust, server_hostname="api.test")
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy, not us
+    assert time.monotonic() - started >= 0.4
+    writer.close()

@@ -4,8 +4,8 @@
 secrets that name the host (substituted in headers; in the query and body only where the
 secret opts in) and those of every other secret of the sandbox, current or deleted, which
 refuse the request. `Rewriter` applies such a table to a byte stream in chunks: a match split
-across two chunks is still found, because the last `len(longest) - 1` bytes of each chunk are
-held back until the next one (or the end) shows how they continue.
+across two chunks is still found, because the bytes at a chunk's end that may begin a key (at
+most `len(longest) - 1`) are held back until the next one (or the end) shows how they go on.
 """
 
 from __future__ import annotations
@@ -233,11 +233,25 @@ class Rewriter:
             out.append(replacement)
             self.used.add(key)
             pos = found + len(key)
-        end = len(data) - min(len(data) - pos, self.keep)
+        end = self._hold_from(data, pos)
         if end > pos:
             out.append(view[pos:end])
         self.held = bytes(view[end:])
         return out
+
+    def _hold_from(self, data: bytes | bytearray, pos: int) -> int:
+        """Where the bytes at the end of `data` (past `pos`) that may begin a key begin: they
+        wait for the next chunk. Any other byte cannot be part of a match."""
+        end = len(data)
+        for key in self.table:
+            first = key[:1]
+            at = data.find(first, max(pos, len(data) - len(key) + 1))
+            while 0 <= at < end:
+                if key.startswith(data[at:]):
+                    end = at
+                    break
+                at = data.find(first, at + 1)
+        return end
 
     def flush(self) -> bytes:
         """The bytes held back, once the stream has ended (no match can complete now)."""
