@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
 from sandcell.cli import app
@@ -42,6 +43,9 @@ def test_init_makes_the_ca_key_0600_and_its_certificate_0644(tmp_path: Path) -> 
     )
     ca = x509.load_pem_x509_certificate((root / "ca.pem").read_bytes())
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert isinstance(ca.public_key(), ec.EllipticCurvePublicKey)
+    assert ca.public_key().curve.name == "secp256r1"
+    assert (ca.not_valid_after_utc - ca.not_valid_before_utc).days == 3650  # ten years, and 5 min
 
 
 def test_init_twice_is_refused_and_keeps_the_first_ca(cluster: Path) -> None:
@@ -70,6 +74,7 @@ def test_issue_writes_a_member_directory_and_prints_no_key(cluster: Path) -> Non
     cert = x509.load_pem_x509_certificate((member / "cert.pem").read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(n.value) for n in sans] == ["sandcell://node/node-a", "10.0.0.2", "a.local"]
+    assert cert.subject.rfc4514_string() == "CN=node-a,OU=node,O=sandcell"
     server_context(member, "node")  # what it made is what a node starts with
 
     assert _run("issue", cluster, "--router", "r1").exit_code == 0

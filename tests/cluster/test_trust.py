@@ -257,3 +257,24 @@ def test_a_member_knows_its_name_and_end(ours: Cluster) -> None:
     assert (member.role, member.name) == ("node", "node-a")
     left = member.not_after - datetime.datetime.now(datetime.UTC)
     assert datetime.timedelta(days=364) < left <= datetime.timedelta(days=365)
+
+
+def test_a_reissue_does_not_revoke_the_certificate_before_it(ours: Cluster, tmp_path: Path) -> None:
+    """There is no revocation list: a copy of the old files still gets in until its end (what
+    docs/cluster.md says of rotation: a leaked key is cut off by a new CA)."""
+    issue(ours.root, "router", "r2")
+    old = _copy(ours.root / "routers" / "r2", tmp_path)
+    issue(ours.root, "router", "r2")
+    assert (old / "key.pem").read_bytes() != (ours.root / "routers/r2/key.pem").read_bytes()
+    for member in (old, ours.root / "routers" / "r2"):
+        done = _handshake(
+            server_context(ours.node, "node"), client_context(member, "router"), "127.0.0.1"
+        )
+        assert done.accepted, done
+
+
+def test_a_certificate_cannot_outlive_the_ca(ours: Cluster) -> None:
+    late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3400)
+    with pytest.raises(TrustError, match="a certificate cannot outlive it"):
+        issue(ours.root, "router", "late", now=late)
+    assert not (ours.root / "routers" / "late").exists()
