@@ -28,6 +28,7 @@ class _Commands(LazyGroup):
         "template": "templates",
         "secrets": "secrets",
         "cluster": "cluster",
+        "nodes": "nodes",
     }
 
 

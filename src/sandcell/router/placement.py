@@ -42,38 +42,33 @@ def _has_labels(node: NodeRecord, labels: Mapping[str, str]) -> bool:
     return all(node.labels.get(key) == value for key, value in labels.items())
 
 
+# Each resource in one order: cells, memory, CPUs, disk.
+def _total(node: NodeRecord) -> tuple[float, ...]:
+    return (node.cells, node.memory_mb, node.cpus, node.disk_mb)
+
+
+def _free(node: NodeRecord) -> tuple[float, ...]:
+    return (node.free_cells, node.free_memory_mb, node.free_cpus, node.free_disk_mb)
+
+
+def _taken(needs: Needs) -> tuple[float, ...]:
+    return (1, needs.memory_mb, needs.cpus, needs.disk_mb)
+
+
 def _could_hold(node: NodeRecord, needs: Needs) -> bool:
     """Whether the node is large enough for one such sandbox at all (empty)."""
-    return (
-        node.cells >= 1
-        and node.memory_mb >= needs.memory_mb
-        and node.cpus >= needs.cpus
-        and node.disk_mb >= needs.disk_mb
-    )
+    return all(t >= n for t, n in zip(_total(node), _taken(needs), strict=True))
 
 
 def has_room(node: NodeRecord, needs: Needs) -> bool:
-    return (
-        node.free_cells >= 1
-        and node.free_memory_mb >= needs.memory_mb
-        and node.free_cpus >= needs.cpus
-        and node.free_disk_mb >= needs.disk_mb
-    )
+    return all(f >= n for f, n in zip(_free(node), _taken(needs), strict=True))
 
 
 def room_left(node: NodeRecord, needs: Needs) -> float:
     """The share of its scarcest resource the node keeps after taking the sandbox: nodes of
     different sizes fill in proportion to their size."""
-    return min(
-        _share(node.free_cells, 1, node.cells),
-        _share(node.free_memory_mb, needs.memory_mb, node.memory_mb),
-        _share(node.free_cpus, needs.cpus, node.cpus),
-        _share(node.free_disk_mb, needs.disk_mb, node.disk_mb),
-    )
-
-
-def _share(free: float, taken: float, total: float) -> float:
-    return (free - taken) / total if total > 0 else 0.0
+    figures = zip(_free(node), _taken(needs), _total(node), strict=True)
+    return min((free - n) / total if total > 0 else 0.0 for free, n, total in figures)
 
 
 def _best_of_few(
