@@ -16,6 +16,7 @@ from sandcell.client import ClientConfig
 from sandcell.client.errors import ForbiddenError, NotFoundError
 from sandcell.secrets.lookup import bindings_from_store
 from sandcell.store import Sealer, load_store_key, open_store
+from sdk.helpers import stop_and_clean
 from support.server import RunningServer, start_server
 from user_secrets.helpers import CONFIG
 
@@ -131,4 +132,4 @@ def test_placeholders_survive_a_restart(tmp_path) -> None:
             assert _bindings(second, sandbox_id) == before
             c.delete(f"/v1/sandboxes/{sandbox_id}")
     finally:
-        second.stop()
+        stop_and_clean(second)  # and the warm cells that both servers' pool kept
