@@ -4,17 +4,20 @@ reports a node may not make."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandcell.errors import ServiceError
-from sandcell.store import NodeRecord, Store
+from sandcell.store import NodeRecord, Sealer, Store, open_store
 from sandcell.store.nodes import LIVENESS_WINDOW_S, MAX_LABELS, check_node, liveness
 
-from .helpers import T0
+from .helpers import T0, race
 
 pytestmark = pytest.mark.anyio
 
@@ -89,6 +92,29 @@ async def test_drain_undrain_and_remove(store: Store) -> None:
     back = await store.register_node(make_node(heartbeat_at=T0 + 9, registered_at=T0 + 9))
     assert back.registered_at == T0 + 9
     assert [n.name for n in await store.list_nodes()] == ["node-a"]
+
+
+def test_a_drain_racing_heartbeats_holds(store_url: str, sealer: Sealer) -> None:
+    """Replicas heartbeat while one drains: every upsert keeps the stored state in the same
+    step that writes the figures, so no heartbeat read before the drain writes it back."""
+
+    async def step(store: Store, i: int) -> None:
+        if i == 0:
+            await store.register_node(make_node())
+            return
+        for beat in range(30):
+            await store.register_node(make_node(heartbeat_at=T0 + beat, live_cells=i))
+            if i == 1 and beat == 10:
+                assert await store.set_node_state("node-a", "draining")
+
+    race(store_url, sealer, 4, step)
+
+    async def final() -> NodeRecord | None:
+        async with open_store(store_url, sealer) as store:
+            return await store.get_node("node-a")
+
+    rec = asyncio.run(final())
+    assert rec is not None and rec.state == "draining"
 
 
 async def test_a_new_node_may_register_drained(store: Store) -> None:
@@ -182,11 +208,7 @@ def test_valid_edges_pass() -> None:
     assert make_node(live_cells=99).free_cells == 0
 
 
-async def test_an_older_sqlite_file_gains_the_roster(tmp_path, sealer) -> None:
-    import sqlite3
-
-    from sandcell.store import open_store
-
+async def test_an_older_sqlite_file_gains_the_roster(tmp_path: Path, sealer: Sealer) -> None:
     path = tmp_path / "store.db"
     async with open_store(f"sqlite://{path}", sealer) as store:
         await store.ping()
