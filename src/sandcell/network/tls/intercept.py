@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandcell.egress.secrets")
 CHUNK = 262_144  # what one read may bring: big enough that per-read costs do not count
 MAX_HEAD = 65_536
+SMALL = 16_384  # what is joined before it is sent (a TLS record's worth): larger goes as is
 MAX_REWRITTEN_BODY = 16 * 1_048_576
 # A response whose length an echo could change is read whole up to this size (its length
 # stays known to the client); a longer one is sent chunked.
@@ -209,7 +210,10 @@ class _Side:
         if not self.pending:
             return
         out, self.pending = self.pending, []
-        self.count(sum(map(len, out)))
+        size = sum(map(len, out))
+        self.count(size)
+        if len(out) > 1 and size <= SMALL:
+            out = [b"".join(out)]  # a head and a small body: one TLS record, not several
         self.transport.writelines(out)
         await self.inbox.drain()
 
