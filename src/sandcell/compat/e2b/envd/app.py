@@ -231,6 +231,7 @@ class CreateWatcherRequest(_Message):
     path: str
     recursive: bool | None = None
     includeEntry: bool | None = None
+    allowNetworkMounts: bool | None = None  # envd 0.6.4: the same polled watch (watch.py)
 
 
 class WatcherRequest(_Message):
