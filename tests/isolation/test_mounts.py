@@ -14,6 +14,7 @@ import json
 import os
 import select
 import signal
+import stat
 import time
 from collections.abc import Callable
 from functools import partial
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from sandcell.isolation import mounts
-from sandcell.isolation.mounts import Bind, File, Proc, Symlink, Tmpfs
+from sandcell.isolation.mounts import Bind, Devpts, File, Proc, Symlink, Tmpfs
 
 _DEADLINE_S = 10.0
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
@@ -236,12 +237,19 @@ def test_proc_is_the_cells_own_pid_namespace(host: Path) -> None:
     assert _in_cell(body) == {"self": "1", "pids": ["1"], "getpid": 1}
 
 
-def test_mount_flags_and_sources_name_nothing_of_the_host(host: Path) -> None:
+def test_mount_flags_and_what_mountinfo_names(host: Path) -> None:
     def body() -> dict[str, Any]:
         mounts.build_root(_plan(host))
-        return _mountinfo()
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        roots = {f[4]: f[3] for f in (line.split() for line in lines)}
+        return {"table": _mountinfo(), "roots": roots}
 
-    table = _in_cell(body)
+    out = _in_cell(body)
+    table = out["table"]
+    # what still names the host: a bind's root within its filesystem (the stage's overlays
+    # hide it, staging.py); the cell's own filesystems are whole
+    assert out["roots"]["/ro"] == str(host / "ro")
+    assert {out["roots"][p] for p in ("/", "/tmp", "/proc")} == {"/"}
     for point in ("/", "/ro", "/workspace", "/tmp", "/usr", "/proc", "/etc/alone"):
         assert {"nosuid", "nodev"} <= set(table[point][0].split(",")), (point, table[point])
     for point in ("/", "/ro", "/usr", "/etc/alone"):
@@ -310,3 +318,38 @@ def test_a_link_in_the_plan_cannot_lead_a_destination_back_to_the_host(host: Pat
 
     assert _in_cell(body) == {"raised": "EEXIST"}
     assert list(outside.iterdir()) == []
+
+
+def test_a_dev_of_the_cells_own_gives_working_nodes_and_ptys() -> None:
+    """bwrap's --dev from the plan: a tmpfs, the host's harmless nodes bound with their
+    devices, a devpts of the cell's own and the ptmx link."""
+
+    def body() -> dict[str, Any]:
+        mounts.build_root(
+            [
+                Tmpfs("/dev", 64 * 1024, 0o755),
+                Bind("/dev/null", "/dev/null", writable=True, devices=True),
+                Bind("/dev/urandom", "/dev/urandom", writable=True, devices=True),
+                Devpts(),
+                Symlink("/dev/ptmx", "pts/ptmx"),
+                Proc(),
+            ]
+        )
+        Path("/dev/null").write_text("discarded")
+        primary, secondary = os.openpty()
+        os.write(secondary, b"through the pty")
+        return {
+            "random": len(Path("/dev/urandom").open("rb").read(8)),
+            "pty": os.read(primary, 64).decode(),
+            "name": os.ttyname(secondary),
+            "pts": _mountinfo()["/dev/pts"],
+            "nodes": _errno(lambda: os.mknod("/dev/evil", 0o600 | stat.S_IFCHR, os.makedev(1, 3))),
+        }
+
+    out = _in_cell(body)
+    assert out["random"] == 8
+    assert out["pty"] == "through the pty"
+    assert out["name"] == "/dev/pts/0"
+    assert out["pts"][1:3] == ["devpts", "devpts"]
+    assert {"nosuid", "noexec"} <= set(out["pts"][0].split(","))
+    assert out["nodes"] == "EPERM"  # a user namespace's root makes no device nodes

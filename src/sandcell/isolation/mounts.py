@@ -72,7 +72,7 @@ def _nr(name: str) -> int:
     return table[name]
 
 
-def _check(ret: int, call: str, path: str) -> int:
+def _check(ret: int, call: str, path: str | None) -> int:
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{call}: {os.strerror(err)}", path)
@@ -176,7 +176,7 @@ def umount_detach(path: str) -> None:
 
 
 def unshare(flags: int) -> None:
-    _check(_libc.unshare(ctypes.c_int(flags)), "unshare", "")
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare", None)
 
 
 def enter_user_namespace(flags: int, inside_uid: int, inside_gid: int) -> None:
@@ -228,6 +228,13 @@ class Proc:
 
 
 @dataclass(frozen=True)
+class Devpts:
+    """A devpts instance of the cell's own (ptys; with a `/dev/ptmx` link to `pts/ptmx`)."""
+
+    dest: str = "/dev/pts"
+
+
+@dataclass(frozen=True)
 class File:
     """A file of the root's own with `content`; read-only with the root."""
 
@@ -242,7 +249,7 @@ class Symlink:
     target: str
 
 
-Entry = Bind | Tmpfs | Proc | File | Symlink
+Entry = Bind | Tmpfs | Proc | Devpts | File | Symlink
 
 
 def build_root(plan: Sequence[Entry], *, root_size: int = 1 << 20, attach_at: str = "/tmp") -> None:  # noqa: S108
@@ -309,6 +316,11 @@ def _detached(entry: Entry, fds: ExitStack) -> tuple[int | None, bool]:
     elif isinstance(entry, Proc):  # the kernel lets a proc be made while a full one is in view
         fd = fds.enter_context(
             _closing(fsmount("proc", {"source": "proc"}, _SAFE | MOUNT_ATTR_NOEXEC))
+        )
+    elif isinstance(entry, Devpts):
+        options = {"source": "devpts", "ptmxmode": "0666", "mode": "0620"}
+        fd = fds.enter_context(
+            _closing(fsmount("devpts", options, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC))
         )
     return fd, True
 
