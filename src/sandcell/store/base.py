@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from sandcell.audit.records import AuditHead, AuditPage, AuditQuery, AuditRecord
+
 from .crypto import Sealer
 from .nodes import check_node
 from .records import (
@@ -372,6 +374,39 @@ class Store(ABC):
     @abstractmethod
     async def remove_node(self, name: str) -> bool:
         """Forget a node (a node still running registers again at its next heartbeat)."""
+
+    # -- the audit trail (SPEC §20): one append-only hash chain per writer ----------------------
+
+    @abstractmethod
+    async def append_audit(self, rec: AuditRecord) -> None:
+        """Append a sealed record to its writer's chain only if it follows the stored head
+        (`seq` one more, `prev` its hash), in one atomic step; else raise AuditConflictError
+        and write nothing (two processes under one writer id cannot fork a chain)."""
+
+    @abstractmethod
+    async def audit_head(self, writer: str) -> AuditHead | None:
+        """Where the writer's chain stands, or None if it never wrote."""
+
+    @abstractmethod
+    async def audit_writers(self) -> list[str]:
+        """Every writer that has a chain, sorted."""
+
+    @abstractmethod
+    async def audit_chain(
+        self, writer: str, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, AuditRecord | None]]:
+        """Up to `limit` of the writer's records stored at positions (seqs) above `after`, in
+        position order, as stored: None for one that no longer reads as a record."""
+
+    @abstractmethod
+    async def list_audit(self, query: AuditQuery) -> AuditPage:
+        """A page of records of every writer matching `query`, oldest first."""
+
+    @abstractmethod
+    async def prune_audit(self, writer: str, keep_from: int) -> int:
+        """Drop the writer's records before seq `keep_from` and move its anchor there (the
+        anchor's `prev` is the hash of the last record dropped), so the rest still verifies.
+        Returns how many were dropped."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:usecrets:{<owner>}    set     the owner's secret names (same slot: one script)
     sandcell:node:{nodes}:<name>   hash    NodeRecord.to_flat() (the node roster, SPEC §18)
     sandcell:{nodes}:names         set     the roster's names (same slot: one script)
+    sandcell:audit:{<writer>}:records  hash  seq -> the AuditRecord's canonical JSON (SPEC §20)
+    sandcell:audit:{<writer>}:head     hash  AuditHead's fields (same slot: one script)
+    sandcell:{audit}:writers       set     the writers that have a chain
 
 Each sandbox is one hash in a slot of its own, holding its session key too, so one DEL removes
 record and key together. The indexes live elsewhere and are updated by non-transactional
@@ -58,6 +61,17 @@ from typing import Any, TypeVar, cast
 from redis.asyncio import Redis
 from redis.typing import EncodableT, ZSetRangeResponse, ZSetScoredMembers
 
+from sandcell.audit.records import (
+    GENESIS,
+    AuditConflictError,
+    AuditHead,
+    AuditPage,
+    AuditQuery,
+    AuditRecord,
+    order_key,
+    page_of,
+)
+
 from .base import (
     RESERVATION_LEASE_S,
     SESSION_KEY_FIELD,
@@ -89,6 +103,7 @@ EXPIRY_INDEX = "sandcell:{idx}:expiry"
 IDLE_INDEX = "sandcell:{idx}:idle"
 API_KEY_NAMES = "sandcell:{apikeys}:names"
 NODE_NAMES = "sandcell:{nodes}:names"
+AUDIT_WRITERS = "sandcell:{audit}:writers"
 SNAPSHOT_INDEX = "sandcell:{idx}:snaps"
 
 _SBX_FIELDS = SandboxRecord.fields()
@@ -193,6 +208,18 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('SADD', KEYS[2], ARGV[1])
 return redis.call('HGETALL', KEYS[1])
 """
+# KEYS: a writer's audit records and head (one slot). ARGV: seq, prev, hash, the record's
+# JSON, GENESIS. Appends only after the head; returns -1 if it did, else the head's seq.
+_APPEND_AUDIT = """
+local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
+local head = redis.call('HGET', KEYS[2], 'hash') or ARGV[5]
+if tonumber(ARGV[1]) ~= seq + 1 or ARGV[2] ~= head then return seq end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+redis.call('HSET', KEYS[2], 'seq', ARGV[1], 'hash', ARGV[3])
+redis.call('HSETNX', KEYS[2], 'anchor_seq', 1)
+redis.call('HSETNX', KEYS[2], 'anchor_prev', ARGV[5])
+return -1
+"""
 _TAKE_BYTES = """
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
@@ -250,6 +277,19 @@ def _user_secrets_key(owner: str) -> str:
 
 def _node_key(name: str) -> str:
     return f"sandcell:node:{{nodes}}:{name}"
+
+
+def _audit_keys(writer: str) -> tuple[str, str]:
+    """A writer's records and head, in one slot."""
+    return (f"sandcell:audit:{{{writer}}}:records", f"sandcell:audit:{{{writer}}}:head")
+
+
+def _audit_record(raw: bytes | str | None) -> AuditRecord | None:
+    """A stored value as a record, or None if an edit left it no longer one."""
+    try:
+        return None if raw is None else AuditRecord.from_json(raw)
+    except (ValueError, TypeError):
+        return None
 
 
 # The client is made without decode_responses (factory.py), so every reply is bytes; redis-py
@@ -643,6 +683,76 @@ class RedisStore(Store):
     async def remove_node(self, name: str) -> bool:
         # The same two steps as a principal's secret: out of the name set, then the hash.
         return bool(await self._r.eval(_DROP_SEALED, 2, _node_key(name), NODE_NAMES, name))
+
+    # -- the audit trail ----------------------------------------------------------------------
+
+    async def append_audit(self, rec: AuditRecord) -> None:
+        await self._r.sadd(AUDIT_WRITERS, rec.writer)  # the index first: no chain unlisted
+        args = (rec.seq, rec.prev, rec.hash, rec.to_json(), GENESIS)
+        seq = await self._r.eval(_APPEND_AUDIT, 2, *_audit_keys(rec.writer), *args)
+        if int(seq) >= 0:
+            raise AuditConflictError(
+                f"audit writer {rec.writer!r} is at seq {seq}: seq {rec.seq} does not"
+                " follow it (another process writes under this writer id?)"
+            )
+
+    async def audit_head(self, writer: str) -> AuditHead | None:
+        fields = ("seq", "hash", "anchor_seq", "anchor_prev")
+        values = await self._r.hmget(_audit_keys(writer)[1], fields)
+        if None in values:
+            return None
+        seq, head, anchor_seq, anchor_prev = (_text(v) for v in values if v is not None)
+        return AuditHead(writer, int(seq), head, int(anchor_seq), anchor_prev)
+
+    async def audit_writers(self) -> list[str]:
+        return sorted(_text(w) for w in await self._r.smembers(AUDIT_WRITERS))
+
+    async def _audit_positions(self, writer: str) -> list[int]:
+        fields = [_text(f) for f in await self._r.hkeys(_audit_keys(writer)[0])]
+        return sorted(int(f) for f in fields if f.isdigit())
+
+    async def audit_chain(
+        self, writer: str, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, AuditRecord | None]]:
+        positions = [p for p in await self._audit_positions(writer) if p > after][:limit]
+        if not positions:
+            return []
+        values = await self._r.hmget(_audit_keys(writer)[0], positions)
+        return [(p, _audit_record(v)) for p, v in zip(positions, values, strict=True)]
+
+    async def list_audit(self, query: AuditQuery) -> AuditPage:
+        # Reads every record of every writer: a first cut, fine for the trail of one
+        # deployment's retention window; an index per sandbox and time would come first.
+        matching: list[AuditRecord] = []
+        for writer in await self.audit_writers():
+            values = await self._r.hvals(_audit_keys(writer)[0])
+            records = (_audit_record(v) for v in values)
+            matching += (r for r in records if r is not None and query.matches(r))
+        matching.sort(key=order_key)
+        return page_of(matching[: query.limit + 1], query.limit)
+
+    async def prune_audit(self, writer: str, keep_from: int) -> int:
+        head = await self.audit_head(writer)
+        if head is None or keep_from <= head.anchor_seq:
+            return 0
+        keep_from = min(keep_from, head.seq + 1)
+        records, head_key = _audit_keys(writer)
+        if keep_from > head.seq:
+            anchor_prev = head.hash
+        else:
+            last = _audit_record(await self._r.hget(records, str(keep_from - 1)))
+            if last is None:
+                raise AuditConflictError(
+                    f"audit writer {writer!r} has no record {keep_from - 1} to anchor on"
+                )
+            anchor_prev = last.hash
+        # The anchor first: a crash before the deletes leaves records below it, never a
+        # chain that starts before its anchor says.
+        await self._r.hset(head_key, mapping={"anchor_seq": keep_from, "anchor_prev": anchor_prev})
+        gone = [p for p in await self._audit_positions(writer) if p < keep_from]
+        for start in range(0, len(gone), 1000):
+            await self._r.hdel(records, *map(str, gone[start : start + 1000]))
+        return len(gone)
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -18,6 +18,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sandcell.audit.records import FIELDS as AUDIT_FIELDS
+from sandcell.audit.records import (
+    GENESIS,
+    AuditConflictError,
+    AuditHead,
+    AuditPage,
+    AuditQuery,
+    AuditRecord,
+    page_of,
+    parse_cursor,
+)
+
 from .base import (
     SESSION_KEY_FIELD,
     USER_SECRET_VALUE_FIELD,
@@ -42,8 +54,9 @@ from .records import (
 )
 
 # Kept in PRAGMA user_version; 2 added `reservations` and `network`, 3 the persistence columns,
-# 4 `snapshot_reservations`, 5 `user_secrets` and the sandboxes' `secrets`, 6 `nodes`.
-SCHEMA_VERSION = 6
+# 4 `snapshot_reservations`, 5 `user_secrets` and the sandboxes' `secrets`, 6 `nodes`,
+# 7 `audit_records` and `audit_heads`.
+SCHEMA_VERSION = 7
 # Older files gain the new columns here; new tables come from _SCHEMA (IF NOT EXISTS).
 _ADDED_COLUMNS = {
     "network": "TEXT NOT NULL DEFAULT '{}'",
@@ -150,6 +163,30 @@ CREATE TABLE IF NOT EXISTS nodes (  -- the node roster (SPEC §18), since versio
     state          TEXT NOT NULL,
     registered_at  REAL NOT NULL
 ) STRICT;
+CREATE TABLE IF NOT EXISTS audit_records (  -- the audit trail (SPEC §20), since version 7
+    writer     TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    at         REAL NOT NULL,
+    principal  TEXT NOT NULL,
+    key_name   TEXT NOT NULL,
+    action     TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    outcome    TEXT NOT NULL,
+    status     INTEGER NOT NULL,
+    touched    TEXT NOT NULL,  -- JSON
+    prev       TEXT NOT NULL,
+    hash       TEXT NOT NULL,
+    PRIMARY KEY (writer, seq)
+) STRICT;
+CREATE INDEX IF NOT EXISTS audit_by_time ON audit_records (at, writer, seq);
+CREATE INDEX IF NOT EXISTS audit_by_sandbox ON audit_records (sandbox_id, at, writer, seq);
+CREATE TABLE IF NOT EXISTS audit_heads (  -- where each writer's chain stands (7)
+    writer      TEXT PRIMARY KEY,
+    seq         INTEGER NOT NULL,
+    hash        TEXT NOT NULL,
+    anchor_seq  INTEGER NOT NULL,
+    anchor_prev TEXT NOT NULL
+) STRICT;
 """
 
 # Column lists come from the record classes (never from input), hence the S608 waivers below.
@@ -197,6 +234,11 @@ _UPSERT_NODE = (
         if c not in ("name", "state", "registered_at")
     )
     + f" RETURNING {_NODE_COLS}"
+)
+_AUDIT_COLS = ", ".join(AUDIT_FIELDS)
+_INSERT_AUDIT = (
+    f"INSERT INTO audit_records ({_AUDIT_COLS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + c for c in AUDIT_FIELDS)})"
 )
 _INSERT_KEY = (
     f"INSERT INTO api_keys ({_KEY_COLS}) "  # noqa: S608
@@ -542,6 +584,103 @@ class SQLiteStore(Store):
     async def remove_node(self, name: str) -> bool:
         return self._write("DELETE FROM nodes WHERE name = ?", (name,)) == 1
 
+    # -- the audit trail ----------------------------------------------------------------------
+
+    async def append_audit(self, rec: AuditRecord) -> None:
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT seq, hash FROM audit_heads WHERE writer = ?", (rec.writer,)
+            ).fetchone()
+            seq, head = (row[0], row[1]) if row else (0, GENESIS)
+            if (rec.seq, rec.prev) != (seq + 1, head):
+                raise AuditConflictError(
+                    f"audit writer {rec.writer!r} is at seq {seq}: seq {rec.seq} does not"
+                    " follow it (another process writes under this writer id?)"
+                )
+            conn.execute(_INSERT_AUDIT, rec.to_flat())
+            conn.execute(
+                "INSERT INTO audit_heads (writer, seq, hash, anchor_seq, anchor_prev)"
+                " VALUES (?, ?, ?, 1, ?) ON CONFLICT (writer) DO UPDATE"
+                " SET seq = excluded.seq, hash = excluded.hash",
+                (rec.writer, rec.seq, rec.hash, GENESIS),
+            )
+
+    async def audit_head(self, writer: str) -> AuditHead | None:
+        rows = self._read(
+            "SELECT writer, seq, hash, anchor_seq, anchor_prev FROM audit_heads WHERE writer = ?",
+            (writer,),
+        )
+        return AuditHead(*rows[0]) if rows else None
+
+    async def audit_writers(self) -> list[str]:
+        # Records' writers too: a head deleted behind the store's back still leaves its chain.
+        sql = "SELECT writer FROM audit_heads UNION SELECT writer FROM audit_records ORDER BY 1"
+        return [row[0] for row in self._read(sql)]
+
+    async def audit_chain(
+        self, writer: str, after: int = 0, limit: int = 1000
+    ) -> list[tuple[int, AuditRecord | None]]:
+        rows = self._read(
+            f"SELECT {_AUDIT_COLS} FROM audit_records WHERE writer = ? AND seq > ?"  # noqa: S608
+            " ORDER BY seq LIMIT ?",
+            (writer, after, limit),
+        )
+        return [(row["seq"], _audit_record(row)) for row in rows]
+
+    async def list_audit(self, query: AuditQuery) -> AuditPage:
+        where, params = ["1"], list[Any]()
+        for column, value in (
+            ("sandbox_id", query.sandbox_id),
+            ("action", query.action),
+            ("principal", query.principal),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if query.since is not None:
+            where.append("at >= ?")
+            params.append(query.since)
+        if query.until is not None:
+            where.append("at < ?")
+            params.append(query.until)
+        if query.after is not None:
+            where.append("(at, writer, seq) > (?, ?, ?)")
+            params.extend(parse_cursor(query.after))
+        rows = self._read(
+            f"SELECT {_AUDIT_COLS} FROM audit_records WHERE {' AND '.join(where)}"  # noqa: S608
+            " ORDER BY at, writer, seq LIMIT ?",
+            (*params, query.limit + 1),
+        )
+        return page_of([r for r in map(_audit_record, rows) if r is not None], query.limit)
+
+    async def prune_audit(self, writer: str, keep_from: int) -> int:
+        with self._transaction() as conn:
+            head = conn.execute(
+                "SELECT seq, hash, anchor_seq FROM audit_heads WHERE writer = ?", (writer,)
+            ).fetchone()
+            if head is None or keep_from <= head["anchor_seq"]:
+                return 0
+            keep_from = min(keep_from, head["seq"] + 1)
+            last = conn.execute(
+                "SELECT hash FROM audit_records WHERE writer = ? AND seq = ?",
+                (writer, keep_from - 1),
+            ).fetchone()
+            if keep_from > head["seq"]:
+                anchor_prev = head["hash"]
+            elif last is not None:
+                anchor_prev = last[0]
+            else:
+                raise AuditConflictError(
+                    f"audit writer {writer!r} has no record {keep_from - 1} to anchor on"
+                )
+            conn.execute(
+                "UPDATE audit_heads SET anchor_seq = ?, anchor_prev = ? WHERE writer = ?",
+                (keep_from, anchor_prev, writer),
+            )
+            return conn.execute(
+                "DELETE FROM audit_records WHERE writer = ? AND seq < ?", (writer, keep_from)
+            ).rowcount
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def ping(self) -> None:
@@ -550,3 +689,11 @@ class SQLiteStore(Store):
     async def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _audit_record(row: sqlite3.Row) -> AuditRecord | None:
+    """A stored row as a record, or None if an edit left it no longer one."""
+    try:
+        return AuditRecord.from_flat(row)
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -1,0 +1,71 @@
+"""`AuditLog`: one writer's end of its chain. It takes each record's `seq` and `prev` from the
+record before, seals it, and appends it through the store, which refuses an append that does
+not follow the stored head: a second process under the same writer id fails clearly instead
+of forking the chain."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sandcell.audit.records import GENESIS, Action, AuditRecord, Outcome, Touched
+
+if TYPE_CHECKING:
+    from sandcell.store import Store
+
+
+class AuditLog:
+    """Appends one writer's records (a router's or node's name), in order: one per writer id
+    and process. After a refused append it stays where it was, so every later append is
+    refused too, until the process is restarted under a writer id of its own."""
+
+    def __init__(self, store: Store, writer: str, clock: Callable[[], float] = time.time) -> None:
+        if not writer:
+            raise ValueError("an audit writer needs a name")
+        self._store, self.writer, self._clock = store, writer, clock
+        self._lock = asyncio.Lock()
+        self._head: tuple[int, str] | None = None  # (seq, hash) of this writer's last record
+
+    async def load(self) -> None:
+        """Take up the chain where the store has it (the first append does this otherwise)."""
+        async with self._lock:
+            await self._load()
+
+    async def _load(self) -> None:
+        head = await self._store.audit_head(self.writer)
+        self._head = (head.seq, head.hash) if head is not None else (0, GENESIS)
+
+    async def append(
+        self,
+        action: Action,
+        *,
+        principal: str,
+        key_name: str,
+        sandbox_id: str = "",
+        outcome: Outcome = "ok",
+        status: int = 200,
+        touched: Touched | None = None,
+    ) -> AuditRecord:
+        async with self._lock:  # seq and prev are taken and advanced in one step
+            if self._head is None:
+                await self._load()
+            assert self._head is not None
+            seq, prev = self._head
+            rec = AuditRecord(
+                writer=self.writer,
+                seq=seq + 1,
+                at=self._clock(),
+                principal=principal,
+                key_name=key_name,
+                action=action,
+                sandbox_id=sandbox_id,
+                outcome=outcome,
+                status=status,
+                touched=dict(touched or {}),
+                prev=prev,
+            ).sealed()
+            await self._store.append_audit(rec)  # AuditConflictError: nothing advanced
+            self._head = (rec.seq, rec.hash)
+            return rec
