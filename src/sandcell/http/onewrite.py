@@ -11,6 +11,10 @@ send; past FLUSH_BYTES it goes at once, so uvicorn's flow control sees the backl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import socket
+import struct
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -62,9 +66,19 @@ class HeadWithBody:
         return getattr(self.transport, name)
 
 
-# A scope key: called, it drops the connection (no end of the response). For a relay whose
-# upstream dropped mid-stream, so its client sees a drop too, not a stream that ended well.
+# A scope key: called, it drops the connection with a reset (no end of the response). For a
+# relay whose upstream dropped mid-stream, so its client sees a drop too, not a stream that
+# ended well: some clients (e2b 2.45's) take only a reset as a connection lost.
 ABORT = "sandcell.abort"
+RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
+
+
+def _reset(transport: Any) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
+    transport.abort()
 
 
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
@@ -73,4 +87,5 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not previous:  # a new cycle, whose task has not run yet
             self.cycle.transport = cast(Any, HeadWithBody(self.transport, self.cycle))
-            self.cycle.scope[ABORT] = self.transport.abort  # type: ignore[literal-required]
+            reset = functools.partial(_reset, self.transport)
+            self.cycle.scope[ABORT] = reset  # type: ignore[literal-required]

@@ -15,9 +15,7 @@ peer breaking HTTP, and then never probes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import struct
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -32,7 +30,6 @@ HEADER = struct.Struct(">BI")
 MAX_MESSAGE = 1_048_576
 STREAM_MEDIA = "application/connect+json"
 TIMEOUT_HEADER = "connect-timeout-ms"
-RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
 
 class StreamRequest(dict[str, Any]):
@@ -97,7 +94,7 @@ async def stream(
             sent = True
     except ServiceError as exc:
         if sent and abort is not None and exc.code is ErrorCode.SANDBOX_UNREACHABLE:
-            reset(abort)
+            abort()
             return
         yield end_stream(connect_error(exc))
         return
@@ -105,17 +102,6 @@ async def stream(
         yield end_stream({"code": "deadline_exceeded", "message": "the stream's deadline passed"})
         return
     yield end_stream()
-
-
-def reset(abort: Callable[[], None]) -> None:
-    """Drop the connection with a reset: `abort` is the server transport's own method
-    (http.onewrite.ABORT), whose socket is told to reset on close first."""
-    transport = getattr(abort, "__self__", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
-    abort()
 
 
 def integer(value: Any, name: str, default: int = 0) -> int:
