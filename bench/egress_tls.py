@@ -15,6 +15,7 @@ import asyncio
 import datetime
 import http.client
 import http.server
+import os
 import socket
 import ssl
 import subprocess
@@ -113,7 +114,7 @@ def _upstream(context: ssl.SSLContext) -> Iterator[int]:
 
 
 @contextmanager
-def _proxy(ca_file: Path, root: Path) -> Iterator[tuple[int, Path]]:
+def _proxy(ca_file: Path, root: Path) -> Iterator[tuple[int, Path, int]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.egress_tls", str(ca_file), str(root)],
         stdout=subprocess.PIPE,
@@ -122,7 +123,7 @@ def _proxy(ca_file: Path, root: Path) -> Iterator[tuple[int, Path]]:
     try:
         assert proc.stdout is not None
         port, bundle = proc.stdout.readline().split()
-        yield int(port), Path(bundle)
+        yield int(port), Path(bundle), proc.pid
     finally:
         proc.terminate()
         proc.wait()
@@ -185,11 +186,34 @@ def _bulk(proxy: int, host: str, port: int, trust: str, size: int) -> Callable[[
     return run
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's CPU time (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def _cpu(pid: int, moved: int) -> Iterator[dict[str, float]]:
+    """CPU milliseconds per MB moved, of the proxy and of the bench's own client and
+    upstream (less bound to the machine's other load than a throughput)."""
+    out: dict[str, float] = {}
+    proxy, own = _cpu_s(pid), os.times()
+    yield out
+    now = os.times()
+    own_s = now.user + now.system - own.user - own.system
+    mb = moved / 1e6
+    out["proxy_cpu_ms_per_mb"] = round((_cpu_s(pid) - proxy) * 1000 / mb, 2)
+    out["bench_cpu_ms_per_mb"] = round(own_s * 1000 / mb, 2)
+
+
 def figures(size_mib: int, repeats: int, n: int) -> list[Row]:
     size = size_mib * MIB
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-tls-") as tmp:
         ca_file, context = _bench_ca(Path(tmp))
-        with _upstream(context) as port, _proxy(ca_file, Path(tmp) / "tls") as (proxy, bundle):
+        with (
+            _upstream(context) as port,
+            _proxy(ca_file, Path(tmp) / "tls") as (proxy, bundle, pid),
+        ):
             plain, bound = str(ca_file), str(bundle)
             tunnel_conn = _connection(proxy, "tunnel.test", port, plain)
             bound_conn = _connection(proxy, "bound.test", port, bound)
@@ -215,18 +239,21 @@ def figures(size_mib: int, repeats: int, n: int) -> list[Row]:
                 first_tunnel,
                 "",
             )
-            bulk_tunnel = row(
-                f"HTTPS download of {size_mib} MiB, plain tunnel",
-                sample_ms(_bulk(proxy, "tunnel.test", port, plain, size), repeats, 1),
-            )
-            bulk_bound = row(
-                f"HTTPS download of {size_mib} MiB, substituting",
-                sample_ms(_bulk(proxy, "bound.test", port, bound, size), repeats, 1),
-                bulk_tunnel,
-                "≥ 500 MB/s",
-            )
-    for r in (bulk_tunnel, bulk_bound):
+            with _cpu(pid, size * (repeats + 1)) as tunnel_cpu:
+                bulk_tunnel = row(
+                    f"HTTPS download of {size_mib} MiB, plain tunnel",
+                    sample_ms(_bulk(proxy, "tunnel.test", port, plain, size), repeats, 1),
+                )
+            with _cpu(pid, size * (repeats + 1)) as bound_cpu:
+                bulk_bound = row(
+                    f"HTTPS download of {size_mib} MiB, substituting",
+                    sample_ms(_bulk(proxy, "bound.test", port, bound, size), repeats, 1),
+                    bulk_tunnel,
+                    "≥ 500 MB/s",
+                )
+    for r, cpu in ((bulk_tunnel, tunnel_cpu), (bulk_bound, bound_cpu)):
         r["mb_per_s"] = round(size_mib * MIB / 1e6 / (float(r["median_ms"]) / 1000), 1)
+        r.update(cpu)
     return [tunnel, substituted, first_tunnel, first_bound, bulk_tunnel, bulk_bound]
 
 

@@ -16,6 +16,8 @@ EXTRA = (
     "exec_ok",
     "cells_left_after_delete",
     "router_cpu_ms_per_exec",
+    "proxy_cpu_ms_per_mb",
+    "bench_cpu_ms_per_mb",
     "ratio",
     "p99_ratio",
     "daemon_calls_per_run",
