@@ -30,18 +30,6 @@ _DEADLINE_S = 10.0
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 
 
-def _supported() -> str:
-    """Why the calls cannot be tried here ('' when they can)."""
-    if os.uname().machine != "x86_64":
-        return "mounts.py knows the x86_64 syscall numbers only"
-    if not os.path.exists("/proc/self/ns/user"):
-        return "the kernel has no user namespaces"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(bool(_supported()), reason=_supported() or "-")
-
-
 def _errno(call: Callable[[], object]) -> str:
     """The errno name `call` fails with, or 'ok'."""
     try:
@@ -49,6 +37,20 @@ def _errno(call: Callable[[], object]) -> str:
     except OSError as exc:
         return errno.errorcode.get(exc.errno or 0, str(exc.errno))
     return "ok"
+
+
+def _supported() -> str:
+    """Why the calls cannot be tried here ('' when they can)."""
+    if os.uname().machine != "x86_64":
+        return "mounts.py knows the x86_64 syscall numbers only"
+    if not os.path.exists("/proc/self/ns/user"):
+        return "the kernel has no user namespaces"
+    if _errno(lambda: mounts.mount_setattr(-1)) == "ENOSYS":  # the newest call (5.12)
+        return f"the kernel ({os.uname().release}) has no mount_setattr"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_supported()), reason=_supported() or "-")
 
 
 def _in_cell(body: Callable[[], dict[str, Any]], *, uid: int | None = None) -> dict[str, Any]:
