@@ -42,8 +42,8 @@ from sandcell.isolation.images.trust import image_trust
 from sandcell.isolation.policy import CellPolicy
 from sandcell.isolation.runtime import CELL_SRC, cell_python, runtime_mounts
 
-# sandcell's own commands for cells (a `sudo` that says why there is none), in the package
-# as its sources are bound into the cell, and where they go on the cell's PATH.
+# sandcell's own commands for cells (a `sudo` that says why there is none, E2B's `python`),
+# in the package as its sources are bound into the cell, and where they go on the cell's PATH.
 CELL_BIN = "sandcell/isolation/cellbin"
 CELL_BIN_DIR = "/usr/local/bin"
 
@@ -152,8 +152,8 @@ def cell_binds(
 
 def _cell_bin(root: CellRoot, binds: list[Bind], staged: bool) -> tuple[list[str], list[Bind]]:
     """sandcell's commands for cells (isolation/cellbin: a `sudo` that says why there is
-    none) in /usr/local/bin, on every PATH (the fixed one, and a login shell's from
-    /etc/profile): staged, a read-only overlay over the root's own entries, from the stage's
+    none, a `python` for E2B's code) in /usr/local/bin, on every PATH (a login shell keeps
+    the fixed one): staged, a read-only overlay over the root's own entries, from the stage's
     lower layers (no host path in its options); unprivileged (no overlay), bound only where
     the root's directory is empty, so nothing of it is hidden. `binds` are `cell_binds`'s,
     the image's root last."""
