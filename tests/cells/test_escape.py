@@ -14,6 +14,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -316,6 +317,20 @@ for kind, path in json.loads(sys.argv[1]):
         out[f"{kind} {path}"] = exc.errno
 print(json.dumps(out))
 """
+
+
+def test_each_cell_has_a_boot_id_of_its_own(cell: Cell, make_cell: Callable[..., Cell]) -> None:
+    """The kernel's boot id is one for the whole host: read alike in two cells, it would tell
+    them they share one. Each cell reads its own, fixed for its life, and cannot change it."""
+    path = "/proc/sys/kernel/random/boot_id"
+    host = Path(path).read_text()
+    ours = cell.run(["cat", path])["stdout"]
+    theirs = make_cell().run(["cat", path])["stdout"]
+    assert len({host, ours, theirs}) == 3, (host, ours, theirs)
+    assert str(uuid.UUID(ours.strip())) == ours.strip()  # still the shape programs parse
+    assert cell.run(["cat", path])["stdout"] == ours
+    write = cell.sh(f"echo 00000000-0000-0000-0000-000000000000 > {path}")
+    assert write["exit_code"] != 0 and cell.run(["cat", path])["stdout"] == ours
 
 
 def test_writes_outside_workspace_and_tmp_are_refused(cell: Cell) -> None:

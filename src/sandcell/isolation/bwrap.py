@@ -59,17 +59,23 @@ class OwnFilesystems:
     rest: list[str]
 
 
-def bwrap_made(etc_data: dict[str, int], scratch: tuple[int, int]) -> OwnFilesystems:
+def bwrap_made(
+    etc_data: dict[str, int], scratch: tuple[int, int], proc_data: dict[str, int]
+) -> OwnFilesystems:
     """The cell's own filesystems as bwrap makes them itself, for an unprivileged launch (no
     stage to make them on): tmpfs mounted from inside the cell's user namespace, which the
     kernel shows with their owner's host uid (`uid=N`, the caller's own uid here). `etc_data`
-    maps generated files to the fds bwrap reads them from; `scratch` is the size in bytes of
-    /tmp and /dev/shm. A root launch stages them instead (staging.own_filesystems)."""
+    maps generated files to the fds bwrap reads them from, `proc_data` the same for files
+    over the cell's /proc; `scratch` is the size in bytes of /tmp and /dev/shm. A root launch
+    stages them instead (staging.own_filesystems)."""
     rest: list[str] = []
     for dest, fd in etc_data.items():
         rest += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
     tmp_bytes, shm_bytes = scratch
-    rest += ["--proc", "/proc", "--dev", "/dev"]
+    rest += ["--proc", "/proc"]
+    for dest, fd in proc_data.items():
+        rest += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
+    rest += ["--dev", "/dev"]
     rest += ["--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
     rest += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
     return OwnFilesystems([], rest)

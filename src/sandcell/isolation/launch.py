@@ -73,16 +73,21 @@ def start(
     scratch = staging.scratch_sizes(policy)
     with contextlib.ExitStack() as fds:
         passed = [listener.fileno()]
+        proc = staging.proc_files()
         if privileged:
-            own_lines, own = staging.own_filesystems(uid, root.etc_files(), scratch)
+            own_lines, own = staging.own_filesystems(uid, root.etc_files(), scratch, proc)
             stage_lines += own_lines
         else:
             etc = {
                 f"/etc/{name}": _memfd(fds, f"sandcell-etc-{name}", content.encode())
                 for name, content in root.etc_files().items()
             }
-            passed += etc.values()
-            own = bwrap_made(etc, scratch)
+            over_proc = {
+                f"/proc/{path}": _memfd(fds, "sandcell-proc", content.encode())
+                for path, content in proc.items()
+            }
+            passed += [*etc.values(), *over_proc.values()]
+            own = bwrap_made(etc, scratch, over_proc)
         seccomp_fd = None
         if use_seccomp:
             seccomp_fd = _memfd(fds, "sandcell-seccomp", seccomp.build_filter())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,17 @@ ETC_FILES = {
     "hosts": "127.0.0.1 localhost sandcell\n::1 localhost ip6-localhost\n",
     "hostname": "sandcell\n",
 }
+
+# The kernel's boot id, which every process on the host reads alike: a cell gets one of its
+# own at each start, so two cells cannot tell they share a host by it, and a sandbox resumed
+# into a new cell reads a new one, as after a reboot (E2B's code checks for one so).
+BOOT_ID = "sys/kernel/random/boot_id"
+
+
+def proc_files() -> dict[str, str]:
+    """The files bound over the cell's own /proc (path under /proc -> content)."""
+    return {BOOT_ID: f"{uuid.uuid4()}\n"}
+
 
 # A login shell's /etc/profile on the host's root (E2B's SDK runs every command as
 # `bash -l -c`): Debian's, without its `id -u` forks (a millisecond and a half each run) and
@@ -207,7 +219,7 @@ def stage(wanted: Sequence[Bind]) -> tuple[list[str], list[Bind]]:
 
 
 def own_filesystems(
-    uid: int, etc_files: dict[str, str], scratch: tuple[int, int]
+    uid: int, etc_files: dict[str, str], scratch: tuple[int, int], proc_files: dict[str, str]
 ) -> tuple[list[str], OwnFilesystems]:
     """Shell lines that make the cell's own filesystems on the stage, as root, and bwrap's
     arguments that bind them into the cell; to follow `stage`'s lines.
@@ -220,7 +232,8 @@ def own_filesystems(
     done), /tmp and /dev/shm are 1777. /dev holds what bwrap's --dev would (the host's
     harmless nodes, bound; a devpts instance of the cell's own; the usual links), so ptys
     still work. `etc_files` (name -> content) are written on the stage and bound read-only
-    onto /etc; `scratch` is the size in bytes of /tmp and /dev/shm."""
+    onto /etc, `proc_files` (path under /proc -> content) onto the cell's /proc once it is
+    mounted; `scratch` is the size in bytes of /tmp and /dev/shm."""
     q = shlex.quote
     root, dev = _OWN_ROOT, f"{_OWN_ROOT}/dev"
     tmp_bytes, shm_bytes = scratch
@@ -237,12 +250,14 @@ def own_filesystems(
         f"mount -t tmpfs -o mode=1777,size={shm_bytes},nosuid,nodev sandcell {dev}/shm",
         f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts {dev}/pts",
     ]
-    rest, writes = [], []
-    for name, content in etc_files.items():
-        staged = f"{STAGE}/etc-{name}"
+    rest, after_proc, writes = [], [], []
+    for dest, content, args in [
+        *((f"/etc/{name}", content, rest) for name, content in etc_files.items()),
+        *((f"/proc/{path}", content, after_proc) for path, content in proc_files.items()),
+    ]:
+        staged = f"{STAGE}/{dest[1:].replace('/', '-')}"
         writes.append(f"printf %s {q(content)} > {staged}")
-        rest += ["--ro-bind", staged, f"/etc/{name}"]
+        args += ["--ro-bind", staged, dest]
     if writes:  # 0644 as their host originals; the subshell keeps the launcher's own umask
         lines.append("(umask 022; " + "; ".join(writes) + ")")
-    rest += ["--proc", "/proc"]
-    return lines, OwnFilesystems(["--dev-bind", root, "/"], rest)
+    return lines, OwnFilesystems(["--dev-bind", root, "/"], [*rest, "--proc", "/proc", *after_proc])
