@@ -250,7 +250,9 @@ def own_filesystems(
         f"mount -t tmpfs -o mode=1777,size={shm_bytes},nosuid,nodev sandcell {dev}/shm",
         f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620,nosuid,noexec devpts {dev}/pts",
     ]
-    rest, after_proc, writes = [], [], []
+    rest: list[str] = []
+    after_proc: list[str] = []
+    writes: list[str] = []
     for dest, content, args in [
         *((f"/etc/{name}", content, rest) for name, content in etc_files.items()),
         *((f"/proc/{path}", content, after_proc) for path, content in proc_files.items()),
