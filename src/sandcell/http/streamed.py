@@ -10,6 +10,7 @@ disconnects, as the task group would.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -21,7 +22,9 @@ class Streamed(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.current_task()
         assert streaming is not None  # an ASGI app runs in a task
-        watcher = asyncio.ensure_future(_on_disconnect(receive, streaming))
+        watcher = asyncio.ensure_future(
+            on_disconnect(receive, lambda: streaming.cancel(_CLIENT_GONE))
+        )
         try:
             await self.stream_response(send)
         except asyncio.CancelledError as exc:
@@ -34,7 +37,8 @@ class Streamed(StreamingResponse):
             await self.background()
 
 
-async def _on_disconnect(receive: Receive, streaming: asyncio.Task[object]) -> None:
+async def on_disconnect(receive: Receive, then: Callable[[], object]) -> None:
+    """Calls `then` once the client has gone (router.proxy's relay closes its daemon answer)."""
     while (await receive())["type"] != "http.disconnect":
         pass  # the rest of a request body the stream did not read
-    streaming.cancel(_CLIENT_GONE)
+    then()

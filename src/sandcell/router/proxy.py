@@ -11,7 +11,6 @@ buffered response; others are relayed as they come.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from starlette.background import BackgroundTask
 from starlette.requests import HTTPConnection, Request
@@ -22,6 +21,7 @@ from sandcell.cellapi.limits import MAX_JSON_BODY
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http import hop
 from sandcell.http.bodies import declared_length, read_body
+from sandcell.http.streamed import on_disconnect
 from sandcell.router.core import Answer, Call, Router
 from sandcell.store import SandboxRecord
 
@@ -76,18 +76,12 @@ class Relayed(StreamingResponse):
         self.answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watcher = asyncio.ensure_future(_on_disconnect(receive, self.answer.close))
+        watcher = asyncio.ensure_future(on_disconnect(receive, self.answer.close))
         try:
             await self.stream_response(send)
         finally:
             watcher.cancel()
             await self.background()  # type: ignore[misc]
-
-
-async def _on_disconnect(receive: Receive, then: Callable[[], None]) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass  # the rest of a request body the daemon did not wait for
-    then()
 
 
 async def _settle(answer: Answer) -> None:
