@@ -15,6 +15,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from sandcell import tokens
+from sandcell.audit.trail import AuditTrail
 from sandcell.banner import print_banner, store_label
 from sandcell.http.guard import guarded_protocol
 from sandcell.logs import configure as configure_logging
@@ -78,6 +79,18 @@ async def opened_backend(
         yield backend
     finally:
         await backend.aclose()
+
+
+def audit_trail(settings: Settings, store: Store) -> AuditTrail:
+    """The audit writer of this server (SPEC §20), started and flushed by the app's lifespan."""
+    audit = settings.audit
+    return AuditTrail(
+        store,
+        audit.writer_for(settings.port),
+        commands=audit.commands,
+        sink=audit.sink,
+        retention=audit.retention(),
+    )
 
 
 def substitution(settings: Settings, store: Store, uses: SecretUses) -> Substitution:
@@ -211,10 +224,13 @@ async def serve(settings: Settings, options: ServeOptions | None = None) -> None
             body_budget_bytes=settings.body_budget_bytes,
             body_budget_per_key_bytes=settings.body_budget_per_key_bytes,
         )
-        router = Router(store, manager, limits)
+        trail = audit_trail(settings, store)
+        manager.audit = uses.audit = trail
+        router = Router(store, manager, limits, audit=trail)
         uses.register(router.metrics.registry)
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
+            backend.egress.on_decision = trail.egress
         api = create_app(router)
         app: ASGIApp = (
             PreviewHosts(api, settings.preview_domain) if settings.preview_domain else api

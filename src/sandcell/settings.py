@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandcell.audit.settings import AuditConfigError, AuditSettings, parse_audit
 from sandcell.http.limits import ConnectionLimits
 from sandcell.manager.k8s.config import KubernetesConfig, parse_kubernetes
 from sandcell.manager.templates import ConfigError, Template, load_config, parse_templates
@@ -87,6 +88,7 @@ class Settings:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (E2B's JS SDK in a page)
     # CAs the secret-substituting proxy trusts upstream beyond the host's store (SPEC §17)
     upstream_ca_file: Path | None = None
+    audit: AuditSettings = field(default_factory=AuditSettings)  # SPEC §20
 
     @property
     def cells_dir(self) -> Path:
@@ -99,7 +101,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     unknown = set(server) - SERVER_KEYS
     if unknown:
         raise ConfigError(f"[server]: unknown keys {sorted(unknown)}")
-    unknown_tables = set(raw) - {"server", "templates", "kubernetes"}
+    unknown_tables = set(raw) - {"server", "templates", "kubernetes", "audit"}
     if unknown_tables:
         raise ConfigError(f"unknown tables {sorted(unknown_tables)}")
     root = data_dir or default_data_dir()
@@ -132,6 +134,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         ),
         cors_origins=_origins(server),
         upstream_ca_file=_upstream_ca_file(server, config),
+        audit=_audit(raw, config),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
@@ -140,6 +143,16 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     if settings.backend not in BACKENDS:
         raise ConfigError(f"[server] backend must be one of {list(BACKENDS)}")
     return settings
+
+
+def _audit(raw: dict[str, Any], config: Path | None) -> AuditSettings:
+    table = raw.get("audit", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[audit] must be a table")
+    try:
+        return parse_audit(table, config.parent if config else None)
+    except AuditConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _origins(server: dict[str, Any]) -> tuple[str, ...]:

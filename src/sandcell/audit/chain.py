@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandcell.audit.records import GENESIS, Action, AuditRecord, Outcome, Touched
 
@@ -69,3 +69,23 @@ class AuditLog:
             await self._store.append_audit(rec)  # AuditConflictError: nothing advanced
             self._head = (rec.seq, rec.hash)
             return rec
+
+    async def append_many(self, drafts: list[dict[str, Any]]) -> list[AuditRecord]:
+        """Several records in order, each chained to the one before, stored in one step
+        (`Store.append_audits`): all of them or, on a refusal, none. A draft is the
+        keyword arguments of `AuditRecord` without `writer`, `seq`, `prev` and `hash`."""
+        async with self._lock:
+            if self._head is None:
+                await self._load()
+            assert self._head is not None
+            seq, prev = self._head
+            records = []
+            for draft in drafts:
+                seq += 1
+                rec = AuditRecord(writer=self.writer, seq=seq, prev=prev, **draft).sealed()
+                records.append(rec)
+                prev = rec.hash
+            if records:
+                await self._store.append_audits(records)  # AuditConflictError: none stored
+                self._head = (seq, prev)
+            return records

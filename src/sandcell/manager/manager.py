@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from sandcell import tokens
+from sandcell.audit.trail import AuditTrail, recorded
 from sandcell.cellapi.environment import validate_env
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.policy import IsolationUnavailable
@@ -89,6 +90,7 @@ class Manager:
         self._teardowns: dict[str, asyncio.Task[None]] = {}
         self.persistence = Persistence(self)
         self.snapshots = Snapshots(self, snapshot_quota_bytes)
+        self.audit: AuditTrail | None = None  # SPEC §20: set by `serve`
 
     # -- service lifecycle ----------------------------------------------------------------
 
@@ -292,12 +294,14 @@ class Manager:
     async def set_network(self, record: SandboxRecord, requested: Any) -> SandboxRecord:
         """A live policy change, capped like a create; new connections follow it at once
         (the proxies read the policy from the store on every connection)."""
-        policy = self.template(record.template).network_policy(requested)
-        if not await self.store.set_network(record.id, policy.public()):
-            raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
-        if record.state == "running":  # a paused one gets them from its policy at resume
-            await self._send_proxy_env(record, policy)
-        return dataclasses.replace(record, network=policy.public())
+        with recorded(self.audit, "network.change", record.id) as touched:
+            policy = self.template(record.template).network_policy(requested)
+            touched["egress"] = policy.egress
+            if not await self.store.set_network(record.id, policy.public()):
+                raise ServiceError(ErrorCode.SANDBOX_NOT_FOUND, f"sandbox {record.id} not found")
+            if record.state == "running":  # a paused one gets them from its policy at resume
+                await self._send_proxy_env(record, policy)
+            return dataclasses.replace(record, network=policy.public())
 
     async def _send_proxy_env(self, record: SandboxRecord, policy: NetworkPolicy) -> None:
         """Later commands get (or lose) the proxy variables of SPEC §11: the daemon's default
@@ -328,11 +332,12 @@ class Manager:
                 record = await self.store.get_sandbox(sandbox_id)
                 if record is None or record.state == "deleted":
                     return False
-                await self.store.update_state(sandbox_id, "deleting")
-                if wait:  # a cancelled caller leaves the teardown going
-                    await asyncio.shield(self._tear_down(record))
-                else:
-                    self._tear_down(await self._make_unreachable(record))
+                with recorded(self.audit, "sandbox.delete", sandbox_id):
+                    await self.store.update_state(sandbox_id, "deleting")
+                    if wait:  # a cancelled caller leaves the teardown going
+                        await asyncio.shield(self._tear_down(record))
+                    else:
+                        self._tear_down(await self._make_unreachable(record))
                 return True
         finally:
             if not lock.locked():

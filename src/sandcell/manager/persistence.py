@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sandcell import tokens
+from sandcell.audit.trail import recorded
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.network.environment import proxy_env
 from sandcell.network.policy import parse_policy
@@ -71,6 +72,10 @@ class Persistence:
 
     async def pause(self, sandbox_id: str) -> SandboxRecord:
         """Ends every process and releases the cell; the workspace is kept. Idempotent."""
+        with recorded(self.m.audit, "sandbox.pause", sandbox_id):
+            return await self._pause(sandbox_id)
+
+    async def _pause(self, sandbox_id: str) -> SandboxRecord:
         while True:
             record = await self.settled(sandbox_id)
             if record.state == "paused":
@@ -109,6 +114,10 @@ class Persistence:
     async def resume(self, sandbox_id: str) -> SandboxRecord:
         """A new cell on the kept workspace, with a new session key; the same id, env and
         metadata. Waits for a pause or resume under way (by any replica) to end first."""
+        with recorded(self.m.audit, "sandbox.resume", sandbox_id):
+            return await self._resume(sandbox_id)
+
+    async def _resume(self, sandbox_id: str) -> SandboxRecord:
         while True:
             record = await self.settled(sandbox_id)
             if record.state == "running":

@@ -16,6 +16,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+from sandcell.audit.trail import SYSTEM
 from sandcell.cellapi.health import ProbeInconclusive
 from sandcell.errors import ServiceError
 from sandcell.logs import counted
@@ -97,6 +98,8 @@ class Reaper:
         record = await self.m.store.get_sandbox(sandbox_id)
         if record is None or record.state in MOVING:
             return  # gone, or moving: whoever moves it owns it now
+        if self.m.audit is not None:  # what follows (pause or delete) is recorded too
+            self.m.audit.note("sandbox.timeout", sandbox_id=sandbox_id, caller=SYSTEM)
         if record.state == "running" and record.on_timeout == "pause":
             try:
                 await self.m.persistence.pause(sandbox_id)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandcell.audit.trail import recorded
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.isolation.disk import DiskError
 from sandcell.store import ByteReservation, SnapshotRecord
@@ -45,6 +46,12 @@ class Snapshots:
 
     async def take(self, owner: str, sandbox_id: str, name: str | None = None) -> SnapshotRecord:
         snapshot_id = new_snapshot_id()
+        with recorded(self.m.audit, "sandbox.snapshot", sandbox_id, {"snapshot": snapshot_id}):
+            return await self._take(owner, sandbox_id, snapshot_id, name)
+
+    async def _take(
+        self, owner: str, sandbox_id: str, snapshot_id: str, name: str | None
+    ) -> SnapshotRecord:
         dest = self.m.backend.snapshot_path(snapshot_id)  # 501 where none can be taken
         held = await self.m.persistence.hold(sandbox_id)
         cell = None if held.paused_at else held.cell
@@ -124,9 +131,10 @@ class Snapshots:
         return record
 
     async def delete(self, record: SnapshotRecord) -> None:
-        # Record first: from then on nobody can start from it, and the file is an orphan.
-        await self.m.store.delete_snapshot(record.id)
-        await self.m.backend.discard_workspace(record.path)
+        with recorded(self.m.audit, "snapshot.delete", record.sandbox_id, {"snapshot": record.id}):
+            # Record first: from then on nobody can start from it, and the file is an orphan.
+            await self.m.store.delete_snapshot(record.id)
+            await self.m.backend.discard_workspace(record.path)
 
     async def workspace_from(self, record: SnapshotRecord, sandbox_id: str) -> str:
         """A new sandbox's kept workspace, copied from the snapshot."""

@@ -164,6 +164,8 @@ class EgressService:
         self._by_owner: Counter[str] = Counter()  # connections per owner, every sandbox
         self._held = 0  # connections of every sandbox
         self._refusing: Counter[str] = Counter()  # refusals being spoken, per owner
+        # Told each decision (sandbox, host, port, allowed): the audit trail (SPEC §20).
+        self.on_decision: Callable[[str, str, int, bool], None] | None = None
 
     # -- listeners ------------------------------------------------------------------------
 
@@ -335,6 +337,8 @@ class EgressService:
     ) -> Decision:
         verdict = "allowed" if decision.allowed else "refused"
         self.metrics.decisions.labels(verdict).inc()
+        if self.on_decision is not None:
+            self.on_decision(sandbox_id, host, port, decision.allowed)
         log.info(
             "egress sandbox=%s proto=%s dest=%r port=%d decision=%s reason=%s",
             sandbox_id,

@@ -21,7 +21,16 @@ from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
 from sandcell.http.hop import check_path
 from sandcell.http.openapi import Operation, openapi, routes
 from sandcell.logs import printable
-from sandcell.router import network, persistence, proxy, schemas, secrets, templates, websocket
+from sandcell.router import (
+    audit,
+    network,
+    persistence,
+    proxy,
+    schemas,
+    secrets,
+    templates,
+    websocket,
+)
 from sandcell.router.core import Router
 from sandcell.router.door import Limits
 from sandcell.router.middleware import RequestContext
@@ -163,6 +172,7 @@ OPERATIONS = (
     ),
     *templates.OPERATIONS,
     *secrets.OPERATIONS,  # SPEC §17
+    *audit.OPERATIONS,  # SPEC §20
     *agentcube.OPERATIONS,
     *e2b.OPERATIONS,  # E2B's wire protocol under /e2b (SPEC §14)
     *e2b.ROOT_OPERATIONS,  # and its signed file URLs, which land at the root
@@ -199,12 +209,18 @@ async def _store_unavailable(request: Request, exc: Exception) -> Response:
 def create_app(router: Router) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        await router.manager.start()
+        if router.audit is not None:
+            await router.audit.start()
         try:
-            yield
+            await router.manager.start()
+            try:
+                yield
+            finally:
+                await router.manager.stop()
+                await router.close()
         finally:
-            await router.manager.stop()
-            await router.close()
+            if router.audit is not None:
+                await router.audit.close()  # after the manager: its last records go too
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
     app = Starlette(

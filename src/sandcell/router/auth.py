@@ -26,6 +26,7 @@ MAX_TRACKED_CLIENTS = 10_000
 class Principal:
     name: str
     admin: bool
+    key_name: str = ""  # the API key's own name, for the audit trail
 
     def owns(self, owner: str) -> bool:
         return self.admin or owner == self.name
@@ -42,7 +43,7 @@ class Authenticator:
             # The lookup is by SHA-256 of the key: nothing secret is compared byte by byte.
             record = await self.store.get_api_key_by_hash(hash_api_key(key.strip()))
             if record is not None and not record.revoked:
-                return Principal(record.principal, record.admin)
+                return Principal(record.principal, record.admin, record.name)
         self._check_not_blocked(client)
         self._record_failure(client)
         raise ServiceError(ErrorCode.UNAUTHENTICATED, "missing, unknown or revoked API key")

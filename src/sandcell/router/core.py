@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import HTTPConnection
 
 from sandcell import tokens
+from sandcell.audit import calls as audit_calls
+from sandcell.audit.trail import CALLER, AuditTrail, Caller, recorded, status_of
 from sandcell.cellapi.client import dialer
 from sandcell.cellapi.limits import answer_within_s
 from sandcell.errors import ErrorCode, ServiceError
@@ -345,9 +347,11 @@ class Router:
         manager: Manager,
         limits: Limits | None = None,
         hop: Hop | None = None,
+        audit: AuditTrail | None = None,
     ) -> None:
         self.store = store
         self.manager = manager
+        self.audit = audit  # SPEC §20: every action through the core is recorded there
         self.limits = limits or Limits()
         self.auth = Authenticator(store)
         self.hop = hop or Hop(store)
@@ -366,13 +370,17 @@ class Router:
         authorization = (
             conn.headers.get("authorization") if api_key is None else f"Bearer {api_key}"
         )
-        return await self.auth.authenticate(authorization, client)
+        principal = await self.auth.authenticate(authorization, client)
+        CALLER.set(Caller(principal.name, principal.key_name))  # this request's task only
+        return principal
 
     async def principal(self, conn: HTTPConnection, api_key: str | None = None) -> Principal:
         """The caller, who from now on holds one of its key's in-flight slots and reads its
         body out of its key's byte budget (a WebSocket holds a session instead, see
         `websocket`)."""
         principal = await self.authenticate(conn, api_key)
+        if self.audit is not None:
+            self.audit.admit()  # no action runs unrecorded
         if conn.scope["type"] == "http":
             self.door.admit(conn.scope, principal.name)
         return principal
@@ -415,6 +423,13 @@ class Router:
 
     async def create(self, principal: Principal, req: CreateSandbox) -> SandboxRecord:
         """A sandbox for `principal`, within its key's quota (every façade creates here)."""
+        touched = {"template": req.template, **({"snapshot": req.snapshot} if req.snapshot else {})}
+        with recorded(self.audit, "sandbox.create", touched=touched) as made:
+            record = await self._create(principal, req)
+            made["sandbox_id"] = record.id
+        return record
+
+    async def _create(self, principal: Principal, req: CreateSandbox) -> SandboxRecord:
         owner = None if principal.admin else principal.name
         snapshot = await self.manager.snapshots.owned(owner, req.snapshot) if req.snapshot else None
         granted = await self._grant(principal, req, snapshot)
@@ -473,13 +488,18 @@ class Router:
         return record
 
     async def keepalive(self, record: SandboxRecord, idle_timeout_s: int | None) -> SandboxRecord:
-        """The idle timer reset (and set, when given); a paused sandbox wakes, as for any
-        call (a paused sandbox's clock is its paused TTL)."""
+        """The idle timer reset (and set, when given, which the audit trail records); a
+        paused sandbox wakes, as for any call (a paused sandbox's clock is its paused TTL)."""
+        if idle_timeout_s is None:
+            return await self._keepalive(record, None)
+        with recorded(self.audit, "sandbox.timeout", record.id, {"timeout_s": idle_timeout_s}):
+            return await self._keepalive(record, idle_timeout_s)
+
+    async def _keepalive(self, record: SandboxRecord, idle_timeout_s: int | None) -> SandboxRecord:
         from sandcell.manager.manager import within_lifetime
 
         if idle_timeout_s is not None:
-            template = self.manager.template(record.template)
-            within_lifetime(template, idle_timeout_s=idle_timeout_s)
+            within_lifetime(self.manager.template(record.template), idle_timeout_s=idle_timeout_s)
         record = await self.ready(record)
         await self.store.touch(record.id, time.time(), idle_timeout_s)
         refreshed = await self.store.get_sandbox(record.id)
@@ -494,6 +514,12 @@ class Router:
         sooner or later than before (its lifetime and its idle timeout both), at most the
         template's max_lifetime_s from now; with `extend_only` a later end is kept. A paused
         sandbox wakes first, as for any call."""
+        with recorded(self.audit, "sandbox.timeout", record.id, {"timeout_s": timeout_s}):
+            return await self._set_end(record, timeout_s, extend_only=extend_only)
+
+    async def _set_end(
+        self, record: SandboxRecord, timeout_s: int, *, extend_only: bool
+    ) -> SandboxRecord:
         from sandcell.manager.manager import within_lifetime
 
         within_lifetime(self.manager.template(record.template), timeout=timeout_s)
@@ -517,9 +543,40 @@ class Router:
 
     async def send(self, record: SandboxRecord, call: Call) -> Answer:
         """`call` on the sandbox's daemon, signed for exactly this method, path and body."""
-        record = await self.ready(record)
-        self.metrics.daemon_calls.labels(call.method).inc()
-        return await self.hop.exchange(record, call)
+        action = None
+        if self.audit is not None:
+            action = audit_calls.classify(
+                call.method, call.target, call.body, call.length, self.audit.commands
+            )
+        try:
+            record = await self.ready(record)
+            self.metrics.daemon_calls.labels(call.method).inc()
+            answer = await self.hop.exchange(record, call)
+        except BaseException as exc:
+            if action is not None and not isinstance(exc, asyncio.CancelledError):
+                self._note(action, record, status_of(exc))
+            raise
+        if action is not None:
+            self._note(action, record, answer.status, answer.headers)
+        return answer
+
+    def _note(
+        self,
+        action: tuple[audit_calls.Action, audit_calls.Touched],
+        record: SandboxRecord,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        assert self.audit is not None
+        name, touched = action
+        if name == "file.read" and status < 400:
+            length = next((v for k, v in headers if k.lower() == b"content-length"), None)
+            if length is not None and length.isdigit():
+                touched = {**touched, "size": int(length)}
+        owner = CALLER.get() is None  # an E2B access token: the sandbox's owner calls
+        if owner:
+            self.audit.remember_owner(record.id, record.owner)
+        self.audit.note(name, sandbox_id=record.id, status=status, touched=touched, owner=owner)
 
     @contextlib.asynccontextmanager
     async def websocket(
@@ -532,6 +589,7 @@ class Router:
         """A WebSocket to the daemon's `target`, upgraded with a token bound to `GET target`,
         held as one of `payer`'s sessions until the block ends. A refusal by the daemon is
         `ws.Rejected` (its status and body), before the caller accepts its own upgrade."""
+        attach = audit_calls.attach(target) if self.audit is not None else None
         with self.door.session(payer):
             record = await self.ready(record)
             key = await self.hop.session_key(record.id)
@@ -539,13 +597,20 @@ class Router:
             reader, writer, host = await self.hop.open_stream(record)
             upstream = ws.Upstream(reader, writer)
             try:
-                with map_errors(record.id):
-                    await upstream.handshake(
-                        host,
-                        target,
-                        headers=[(b"authorization", f"Bearer {token}".encode())],
-                        subprotocols=subprotocols,
-                    )
+                try:
+                    with map_errors(record.id):
+                        await upstream.handshake(
+                            host,
+                            target,
+                            headers=[(b"authorization", f"Bearer {token}".encode())],
+                            subprotocols=subprotocols,
+                        )
+                except (ServiceError, ws.Rejected) as exc:
+                    if attach is not None:
+                        self._note(attach, record, exc.status)
+                    raise
+                if attach is not None:
+                    self._note(attach, record, 101)
                 yield upstream, Activity(self.store, record)
             finally:
                 upstream.close()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sandcell.audit.trail import recorded
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.openapi import Operation
@@ -122,6 +123,19 @@ async def child_of(
     """A sandbox on `snapshot` of `parent`, with the parent's settings (every fork, on /v1
     and through the façade, makes its children here); `timeout_s` replaces the parent's
     idle timeout and bounds the child's lifetime."""
+    with recorded(r.audit, "sandbox.fork", parent.id, {"snapshot": snapshot.id}) as touched:
+        child = await _child(r, parent, snapshot, reservation, timeout_s)
+        touched["child"] = child.id
+    return child
+
+
+async def _child(
+    r: Router,
+    parent: SandboxRecord,
+    snapshot: SnapshotRecord,
+    reservation: Reservation,
+    timeout_s: int | None,
+) -> SandboxRecord:
     from sandcell.secrets.grants import regrant
 
     env, secrets = await regrant(r.store, parent)  # placeholders of the child's own

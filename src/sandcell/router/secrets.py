@@ -12,6 +12,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sandcell.audit.trail import recorded
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.openapi import Operation
@@ -44,17 +45,19 @@ async def create_secret(request: Request) -> Response:
     now = time.time()
     rec = UserSecretRecord(owner, req.name, tuple(req.hosts), tuple(req.places), now, now)
     limit = shapes.MAX_SECRETS_PER_PRINCIPAL
-    done = await request.app.state.router.store.put_user_secret(rec, req.value.encode(), limit)
-    if done == "exists":
-        raise ServiceError(
-            ErrorCode.CONFLICT,
-            f"secret {req.name} exists; PUT /v1/secrets/{req.name} rotates it",
-            {"secret": req.name},
-        )
-    if done == "full":
-        raise ServiceError(
-            ErrorCode.FORBIDDEN, f"this key already has {limit} secrets", {"limit": limit}
-        )
+    router = request.app.state.router
+    with recorded(router.audit, "secret.create", touched={"secret": req.name}):
+        done = await router.store.put_user_secret(rec, req.value.encode(), limit)
+        if done == "exists":
+            raise ServiceError(
+                ErrorCode.CONFLICT,
+                f"secret {req.name} exists; PUT /v1/secrets/{req.name} rotates it",
+                {"secret": req.name},
+            )
+        if done == "full":
+            raise ServiceError(
+                ErrorCode.FORBIDDEN, f"this key already has {limit} secrets", {"limit": limit}
+            )
     return JSONResponse(shapes.secret_view(rec), status_code=201)
 
 
@@ -79,16 +82,19 @@ async def update_secret(request: Request) -> Response:
         updated_at=time.time(),
     )
     value = req.value.encode() if req.value is not None else None
-    if not await store.update_user_secret(rec, value):
-        raise _not_found(name)
+    with recorded(request.app.state.router.audit, "secret.update", touched={"secret": name}):
+        if not await store.update_user_secret(rec, value):
+            raise _not_found(name)
     return JSONResponse(shapes.secret_view(rec))
 
 
 async def delete_secret(request: Request) -> Response:
     owner = await _owner(request)
     name = _name(request)
-    if not await request.app.state.router.store.delete_user_secret(owner, name):
-        raise _not_found(name)
+    router = request.app.state.router
+    with recorded(router.audit, "secret.delete", touched={"secret": name}):
+        if not await router.store.delete_user_secret(owner, name):
+            raise _not_found(name)
     return Response(status_code=204)
 
 

@@ -9,10 +9,15 @@ import collections
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
+from sandcell.audit.records import secret_detail
 from sandcell.secrets.bindings import Decision
+
+if TYPE_CHECKING:
+    from sandcell.audit.trail import AuditTrail
 
 MAX_EVENTS = 4096
 
@@ -48,6 +53,7 @@ class SecretUses:
 
     def __init__(self, events: SecretEvents | None = None) -> None:
         self.events = events if events is not None else SecretEvents()  # an empty one is falsy
+        self.audit: AuditTrail | None = None  # each use recorded there too (SPEC §20)
         self.counter = Counter(
             "sandcell_secret_uses",
             "Secret placeholders the egress proxy substituted or refused",
@@ -58,6 +64,12 @@ class SecretUses:
     def __call__(self, sandbox_id: str, secret: str, host: str, decision: Decision) -> None:
         self.counter.labels(secret, decision).inc()
         self.events.add(SecretEvent(time.time(), sandbox_id, secret, host, decision))
+        if self.audit is not None:  # the sandbox's own code used it: its owner acts
+            status = 200 if decision == "substituted" else 403
+            detail = secret_detail(name=secret, host=host, decision=decision)
+            self.audit.note(
+                "secret.use", sandbox_id=sandbox_id, status=status, touched=detail, owner=True
+            )
 
     def register(self, registry: CollectorRegistry) -> None:
         registry.register(self.counter)

@@ -377,11 +377,16 @@ class Store(ABC):
 
     # -- the audit trail (SPEC §20): one append-only hash chain per writer ----------------------
 
-    @abstractmethod
     async def append_audit(self, rec: AuditRecord) -> None:
         """Append a sealed record to its writer's chain only if it follows the stored head
         (`seq` one more, `prev` its hash), in one atomic step; else raise AuditConflictError
         and write nothing (two processes under one writer id cannot fork a chain)."""
+        await self.append_audits([rec])
+
+    @abstractmethod
+    async def append_audits(self, records: Sequence[AuditRecord]) -> None:
+        """`append_audit` of a run of one writer's records, each following the one before,
+        as one atomic step: all of them, or none and AuditConflictError."""
 
     @abstractmethod
     async def audit_head(self, writer: str) -> AuditHead | None:

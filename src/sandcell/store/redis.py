@@ -208,16 +208,21 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('SADD', KEYS[2], ARGV[1])
 return redis.call('HGETALL', KEYS[1])
 """
-# KEYS: a writer's audit records and head (one slot). ARGV: seq, prev, hash, the record's
-# JSON, GENESIS. Appends only after the head; returns -1 if it did, else the head's seq.
+# KEYS: a writer's audit records and head (one slot). ARGV: GENESIS, then per record its seq,
+# prev, hash and JSON. Appends the run only if each record follows the one before, the first
+# the head; returns -1 if it did, else the head's seq (nothing written).
 _APPEND_AUDIT = """
 local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
-local head = redis.call('HGET', KEYS[2], 'hash') or ARGV[5]
-if tonumber(ARGV[1]) ~= seq + 1 or ARGV[2] ~= head then return seq end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
-redis.call('HSET', KEYS[2], 'seq', ARGV[1], 'hash', ARGV[3])
+local head = redis.call('HGET', KEYS[2], 'hash') or ARGV[1]
+local at, last = seq, head
+for i = 2, #ARGV, 4 do
+  if tonumber(ARGV[i]) ~= at + 1 or ARGV[i + 1] ~= last then return seq end
+  at, last = at + 1, ARGV[i + 2]
+end
+for i = 2, #ARGV, 4 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 3]) end
+redis.call('HSET', KEYS[2], 'seq', at, 'hash', last)
 redis.call('HSETNX', KEYS[2], 'anchor_seq', 1)
-redis.call('HSETNX', KEYS[2], 'anchor_prev', ARGV[5])
+redis.call('HSETNX', KEYS[2], 'anchor_prev', ARGV[1])
 return -1
 """
 _TAKE_BYTES = """
@@ -686,13 +691,20 @@ class RedisStore(Store):
 
     # -- the audit trail ----------------------------------------------------------------------
 
-    async def append_audit(self, rec: AuditRecord) -> None:
-        await self._r.sadd(AUDIT_WRITERS, rec.writer)  # the index first: no chain unlisted
-        args = (rec.seq, rec.prev, rec.hash, rec.to_json(), GENESIS)
-        seq = await self._r.eval(_APPEND_AUDIT, 2, *_audit_keys(rec.writer), *args)
+    async def append_audits(self, records: Sequence[AuditRecord]) -> None:
+        if not records:
+            return
+        writer = records[0].writer
+        if any(rec.writer != writer for rec in records):
+            raise AuditConflictError("one run of audit records has one writer")
+        await self._r.sadd(AUDIT_WRITERS, writer)  # the index first: no chain unlisted
+        args = [GENESIS]
+        for rec in records:
+            args += [str(rec.seq), rec.prev, rec.hash, rec.to_json()]
+        seq = await self._r.eval(_APPEND_AUDIT, 2, *_audit_keys(writer), *args)
         if int(seq) >= 0:
             raise AuditConflictError(
-                f"audit writer {rec.writer!r} is at seq {seq}: seq {rec.seq} does not"
+                f"audit writer {writer!r} is at seq {seq}: seq {records[0].seq} does not"
                 " follow it (another process writes under this writer id?)"
             )
 

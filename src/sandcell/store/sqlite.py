@@ -586,23 +586,28 @@ class SQLiteStore(Store):
 
     # -- the audit trail ----------------------------------------------------------------------
 
-    async def append_audit(self, rec: AuditRecord) -> None:
+    async def append_audits(self, records: Sequence[AuditRecord]) -> None:
+        if not records:
+            return
+        writer = records[0].writer
         with self._transaction() as conn:
             row = conn.execute(
-                "SELECT seq, hash FROM audit_heads WHERE writer = ?", (rec.writer,)
+                "SELECT seq, hash FROM audit_heads WHERE writer = ?", (writer,)
             ).fetchone()
             seq, head = (row[0], row[1]) if row else (0, GENESIS)
-            if (rec.seq, rec.prev) != (seq + 1, head):
-                raise AuditConflictError(
-                    f"audit writer {rec.writer!r} is at seq {seq}: seq {rec.seq} does not"
-                    " follow it (another process writes under this writer id?)"
-                )
-            conn.execute(_INSERT_AUDIT, rec.to_flat())
+            for rec in records:
+                if (rec.writer, rec.seq, rec.prev) != (writer, seq + 1, head):
+                    raise AuditConflictError(
+                        f"audit writer {rec.writer!r} is at seq {seq}: seq {rec.seq} does not"
+                        " follow it (another process writes under this writer id?)"
+                    )
+                seq, head = rec.seq, rec.hash
+            conn.executemany(_INSERT_AUDIT, [rec.to_flat() for rec in records])
             conn.execute(
                 "INSERT INTO audit_heads (writer, seq, hash, anchor_seq, anchor_prev)"
                 " VALUES (?, ?, ?, 1, ?) ON CONFLICT (writer) DO UPDATE"
                 " SET seq = excluded.seq, hash = excluded.hash",
-                (rec.writer, rec.seq, rec.hash, GENESIS),
+                (writer, seq, head, GENESIS),
             )
 
     async def audit_head(self, writer: str) -> AuditHead | None:

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sandcell.audit.trail import recorded
 from sandcell.compat.e2b.bodies import json_object
 from sandcell.compat.e2b.control.common import _refused
 from sandcell.compat.e2b.control.listing import _page
@@ -186,11 +187,12 @@ async def create_secret(gateway: Gateway, principal: Principal, request: Request
     now = time.time()
     rec = UserSecretRecord(principal.name, name, tuple(req.hosts), tuple(req.places), now, now)
     limit = shapes.MAX_SECRETS_PER_PRINCIPAL
-    done = await gateway.router.store.put_user_secret(rec, req.value.encode(), limit)
-    if done == "exists":
-        raise ServiceError(ErrorCode.CONFLICT, f"secret {name.lower()} exists")
-    if done == "full":
-        raise ServiceError(ErrorCode.CONFLICT, f"this key already has {limit} secrets")
+    with recorded(gateway.router.audit, "secret.create", touched={"secret": name}):
+        done = await gateway.router.store.put_user_secret(rec, req.value.encode(), limit)
+        if done == "exists":
+            raise ServiceError(ErrorCode.CONFLICT, f"secret {name.lower()} exists")
+        if done == "full":
+            raise ServiceError(ErrorCode.CONFLICT, f"this key already has {limit} secrets")
     return JSONResponse(view(rec), status_code=201)
 
 
@@ -223,16 +225,18 @@ async def update_secret(gateway: Gateway, principal: Principal, request: Request
         places=tuple(req.places) if req.places is not None else current.places,
         updated_at=max(time.time(), current.updated_at + 0.001),  # the version grows
     )
-    if not await store.update_user_secret(rec, req.value.encode()):
-        raise _not_found()
+    with recorded(gateway.router.audit, "secret.update", touched={"secret": rec.name}):
+        if not await store.update_user_secret(rec, req.value.encode()):
+            raise _not_found()
     return JSONResponse(view(rec))
 
 
 async def delete_secret(gateway: Gateway, principal: Principal, request: Request) -> Response:
     store = gateway.router.store
     rec = await _selected(store, principal.name, _selector(request))
-    if not await store.delete_user_secret(principal.name, rec.name):
-        raise _not_found()
+    with recorded(gateway.router.audit, "secret.delete", touched={"secret": rec.name}):
+        if not await store.delete_user_secret(principal.name, rec.name):
+            raise _not_found()
     return Response(status_code=204)
 
 
