@@ -15,6 +15,7 @@ def daemon_args(
     landlock: bool = False,
     deny_tcp: bool = False,
     code_python: str | None = None,
+    in_cell: bool = False,
 ) -> list[str]:
     """Arguments after the entry point (`python -m sandcell.daemon` or `sandcell daemon`).
 
@@ -36,4 +37,6 @@ def daemon_args(
         args += ["--landlock", *(["--deny-tcp"] if deny_tcp else [])]
     if code_python is not None:  # an image's own python3 (with IPython) for code contexts
         args.append(f"--code-python={code_python}")
+    if in_cell:  # the host's word, never a caller's: `/` is then the cell's own mount view
+        args.append("--in-cell")
     return args

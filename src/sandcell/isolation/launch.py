@@ -147,6 +147,7 @@ def _daemon_args(policy: CellPolicy, listen_fd: int, use_landlock: bool) -> list
         landlock=use_landlock,
         deny_tcp=policy.network == "none",
         code_python=policy.code_python,
+        in_cell=True,
     )
     return ["-s", "-B", "-m", "sandcell.daemon", *args]
 
