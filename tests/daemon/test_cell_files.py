@@ -2,7 +2,9 @@
 each confined as §2.4 confines the workspace; `/v1/files` still reaches the workspace alone.
 
 The daemon here runs on the host, so its /tmp is the host's: every test works in its own
-`tmp_path` beneath it, and attacks aim at what lies outside /tmp (/etc, /proc, the root)."""
+`tmp_path` beneath it, and attacks aim at what lies outside /tmp (/etc, /proc, the root).
+Started without `--in-cell`, as everywhere but a cell's launcher, it refuses `/`: only inside
+a cell is the root its cell's own, read then (tests/compat/e2b/test_cell_root.py)."""
 
 from __future__ import annotations
 

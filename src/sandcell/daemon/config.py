@@ -35,6 +35,7 @@ class DaemonConfig:
     deny_tcp: bool
     code_python: str = sys.executable
     scratch: str = SCRATCH  # the cell's /tmp, which the cell-wide file table also reaches
+    in_cell: bool = False  # `/` is a cell's own: the cell-wide table reads it too
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--code-python",
         help="the interpreter of python code contexts (needs IPython); default: this one",
+    )
+    p.add_argument(
+        "--in-cell",
+        action="store_true",
+        help="started by a cell's launcher: the cell-wide file table reads the cell's root",
     )
     return p
 
@@ -110,4 +116,5 @@ def load(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> DaemonConf
         landlock=args.landlock,
         deny_tcp=args.deny_tcp,
         code_python=args.code_python or sys.executable,
+        in_cell=args.in_cell,
     )

@@ -196,10 +196,16 @@ class Files:
         for child, st, entry in entries:
             out.append(entry)
             if depth > 1 and stat.S_ISDIR(st.st_mode):
-                self._list_into(ws, child, depth - 1, out)
+                try:
+                    self._list_into(ws, child, depth - 1, out)
+                except ServiceError as exc:
+                    # Deep in the cell's root, a directory it may not read (/proc, a 0700
+                    # one) is listed but not entered, as `find` goes on past it.
+                    if ws.writable or exc.code is not ErrorCode.FORBIDDEN:
+                        raise
 
     def mkdir(self, path: str, parents: bool) -> EntryRecord:
-        ws, rel = self.places.resolve(path)
+        ws, rel = self.places.resolve(path, change=True)
         if parents:
             ws.makedirs(rel)
         else:
@@ -211,7 +217,8 @@ class Files:
         return self.stat(self.places.shown(ws, rel))
 
     def move(self, src: str, dst: str, overwrite: bool) -> EntryRecord:
-        (src_ws, src_rel), (dst_ws, dst_rel) = self.places.resolve(src), self.places.resolve(dst)
+        (src_ws, src_rel) = self.places.resolve(src, change=True)
+        (dst_ws, dst_rel) = self.places.resolve(dst, change=True)
         if src_ws is not dst_ws:  # two filesystems: a rename cannot cross them
             raise ServiceError(
                 ErrorCode.BAD_REQUEST,
@@ -222,7 +229,7 @@ class Files:
         return self.stat(self.places.shown(dst_ws, dst_rel))
 
     def remove(self, path: str, recursive: bool) -> None:
-        ws, rel = self.places.resolve(path)
+        ws, rel = self.places.resolve(path, change=True)
         with ws.parent(rel) as (dir_fd, name):
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -269,7 +276,7 @@ class Files:
         `before_commit` runs once the body is complete (the request-token body check), so a
         rejected upload never replaces the target.
         """
-        ws, rel = self.places.resolve(path)
+        ws, rel = self.places.resolve(path, change=True)
         if declared_size is not None and declared_size > self.max_upload_bytes:
             raise self._too_large(rel)
         head = posixpath.dirname(rel)

@@ -22,6 +22,7 @@ from sandcell.errors import ErrorCode, ServiceError
 _SYS_OPENAT2 = 437  # the same number on every architecture (asm-generic)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10  # `..` stops at the directory; an absolute symlink starts from it
 _RENAME_NOREPLACE = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -38,10 +39,14 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def openat2_beneath(dir_fd: int, path: str, flags: int, mode: int = 0) -> int:
+def openat2_beneath(
+    dir_fd: int, path: str, flags: int, mode: int = 0, resolve: int = _RESOLVE_BENEATH
+) -> int:
+    """openat2 from `dir_fd`, never through a magic link; `resolve` says how `..` and
+    absolute symlinks are taken (beneath the directory by default)."""
     # openat2 is strict: a mode without O_CREAT is EINVAL.
     mode = mode if flags & os.O_CREAT else 0
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve | _RESOLVE_NO_MAGICLINKS)
     fd = _libc.syscall(
         _SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how)
     )
@@ -106,6 +111,8 @@ class Workspace:
     """A directory held open (the workspace, or the cell's /tmp); all access goes through its
     fd. `aliases` are other names the cell gives it (cellapi.layout): each is kept only if it
     is the same directory, checked once here."""
+
+    writable = True  # the file table may change what lies beneath (files/root.py: not)
 
     def __init__(self, root: str, aliases: tuple[str, ...] = (), place: str = "") -> None:
         self.root = posixpath.normpath(root)

@@ -24,6 +24,7 @@ from sandcell.daemon.exec.routes import EXEC_OPERATIONS
 from sandcell.daemon.exec.runner import CommandSpec, Runner
 from sandcell.daemon.files.operations import Files
 from sandcell.daemon.files.places import Places
+from sandcell.daemon.files.root import CellRoot
 from sandcell.daemon.files.routes import CELL_FILE_OPERATIONS, FILE_OPERATIONS
 from sandcell.daemon.files.workspace import Workspace
 from sandcell.daemon.http.auth import Guard
@@ -51,7 +52,10 @@ class Daemon:
         self.workspace = Workspace(config.workspace, WORKSPACE_ALIASES)
         self.files: Files = Files(Places(self.workspace), config.disk_quota_bytes)
         scratch = Workspace(config.scratch, place=config.scratch)
-        self.cell_files: Files = Files(Places(self.workspace, scratch), config.disk_quota_bytes)
+        root = CellRoot() if config.in_cell else None  # outside a cell, `/` is the host's
+        self.cell_files: Files = Files(
+            Places(self.workspace, scratch, root=root), config.disk_quota_bytes
+        )
         self.runner = Runner()
         self.processes = ProcessTable(self.runner)
         self.contexts = Contexts(config.code_python, lambda: self.command_env(None), self.runner)
