@@ -2,8 +2,6 @@
 of their xfail(strict=True) marks, so a change that makes one work shows as an unexpected pass,
 naming the mark to remove (and docs/e2b.md's row to update)."""
 
-# SPEC §14.2: the files API reaches the workspace (/home/user) and the cell's /tmp.
-ROOT = "the files API reaches /home/user and /tmp only, not / (agno's list_files() default)"
 # e2b-code-interpreter <= 2.6 reaches its interpreter at https://49999-{id}.{domain} whatever
 # E2B_SANDBOX_URL says. test_matrix gives it sandcell's per-sandbox hosts through a TLS front
 # and the SDK's proxy=; a framework that passes no proxy= needs real wildcard DNS.

@@ -28,7 +28,7 @@ def _envd(server: RunningServer, sbx: Sandbox) -> httpx.Client:
     [
         ("/filesystem.Filesystem/Stat", b"not json"),
         ("/filesystem.Filesystem/Stat", b'{"path": 5}'),
-        ("/filesystem.Filesystem/Stat", b'{"path": "/etc"}'),
+        ("/filesystem.Filesystem/Stat", b'{"path": "/proc/self/environ"}'),
         ("/filesystem.Filesystem/ListDir", b'{"path": "/home/user", "depth": "deep"}'),
         ("/filesystem.Filesystem/Move", b'{"source": ["a"], "destination": "b"}'),
         ("/process.Process/SendSignal", b'{"process": {"pid": "x"}, "signal": "SIGNAL_SIGKILL"}'),

@@ -43,9 +43,8 @@ def test_make_dir_and_list(sbx: Sandbox) -> None:
 def test_missing_file_and_paths_outside_home(sbx: Sandbox) -> None:
     with pytest.raises(NotFoundException):
         sbx.files.read("/home/user/nothing-here")
-    for outside in ("/etc/passwd", "/home/user/../../etc/passwd", "../escape"):
-        with pytest.raises(SandboxException):
-            sbx.files.read(outside)
+    with pytest.raises(SandboxException, match="outside"):
+        sbx.files.read("../escape")  # relative is the workspace's; / is the cell's, read-only
     with pytest.raises(InvalidArgumentException):
         sbx.files.list("")
     with pytest.raises(SandboxException):

@@ -7,16 +7,16 @@ work everywhere. A relative path is relative to the workspace, as in sandcell.
 `to_workspace` gives the workspace-relative path of a command's or a context's directory
 (elsewhere: FORBIDDEN, which the process service enters with a shell). `to_cell` gives the
 path the daemon's cell-wide file table takes (`/cell/files`): workspace-relative, or absolute
-under the cell's private /tmp, which E2B's files API reaches too (SPEC §14.2). Anything else
-is refused here; the daemon confines what is left (dot segments, symlinks) on its own, in
-each place.
+for the cell's private /tmp, which E2B's files API reaches too (SPEC §14.2), and the cell's
+root, which a daemon inside a cell reads (read-only). The daemon confines each place on its
+own (dot segments, symlinks) and refuses what lies in none.
 """
 
 from __future__ import annotations
 
 import posixpath
 
-from sandcell.cellapi.layout import SCRATCH, WORKSPACE, WORKSPACE_ALIASES
+from sandcell.cellapi.layout import WORKSPACE, WORKSPACE_ALIASES
 from sandcell.errors import ErrorCode, ServiceError
 
 HOME = WORKSPACE_ALIASES[0]
@@ -45,8 +45,8 @@ def _beneath(normal: str, root: str) -> str | None:
     return normal[len(root) + 1 :] if normal.startswith(root + "/") else None
 
 
-def to_workspace(path: object) -> str:
-    """The workspace-relative path for an E2B path ("." for the home itself)."""
+def _relative(path: object) -> str | None:
+    """The workspace-relative path for an E2B path, None for an absolute one elsewhere."""
     if path is None or path == "":
         return "."
     normal = _absolute(path)
@@ -56,26 +56,29 @@ def to_workspace(path: object) -> str:
     for root in (HOME, CELL_WORKSPACE):
         if (relative := _beneath(normal, root)) is not None:
             return relative
-    raise ServiceError(
-        ErrorCode.FORBIDDEN, f"{path} is outside {HOME}, the sandbox's home and workspace"
-    )
+    return None
+
+
+def to_workspace(path: object) -> str:
+    """The workspace-relative path for an E2B path ("." for the home itself)."""
+    relative = _relative(path)
+    if relative is None:
+        raise ServiceError(
+            ErrorCode.FORBIDDEN, f"{path} is outside {HOME}, the sandbox's home and workspace"
+        )
+    return relative
 
 
 def to_cell(path: object) -> str:
-    """The cell-wide file table's path for an E2B path: workspace-relative, or absolute in
-    the cell's /tmp."""
-    if path is None or path == "":
-        return "."
+    """The cell-wide file table's path for an E2B path: workspace-relative, else absolute.
+    The daemon decides what lies elsewhere: the cell's /tmp, the cell's root (read-only,
+    when it runs inside a cell), or a 403."""
+    relative = _relative(path)
+    if relative is not None:
+        return relative
     normal = _absolute(path)
-    if normal is not None and _beneath(normal, SCRATCH) is not None:
-        return normal
-    try:
-        return to_workspace(path)
-    except ServiceError:
-        raise ServiceError(
-            ErrorCode.FORBIDDEN,
-            f"{path} is outside {HOME} and {SCRATCH}, the places a sandbox's files API reaches",
-        ) from None
+    assert normal is not None  # a relative path is the workspace's
+    return normal
 
 
 def to_e2b(path: str) -> str:

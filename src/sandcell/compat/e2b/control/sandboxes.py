@@ -35,7 +35,9 @@ from sandcell.router import persistence, schemas
 from sandcell.router.auth import Principal
 
 # Read by create, or harmless: `secure` asks for envd's access token, which sandcell always
-# requires; `mcp: null`, `iam` without tokens and `volumeMounts: []` ask for nothing.
+# requires; `iam` without tokens and `volumeMounts: []` ask for nothing. `mcp` asks E2B's API
+# for nothing either (it records the servers' names): the SDK itself starts the gateway, with
+# `mcp-gateway --config ...` in the new sandbox, and kills it saying why when that fails.
 CREATE_FIELDS = frozenset(
     {"templateID", "timeout", "envVars", "metadata", "autoPause", "autoPauseMemory"}
     | {"autoResume", "allow_internet_access", "network", "secure", "mcp", "iam", "volumeMounts"}
@@ -45,8 +47,8 @@ CREATE_FIELDS = frozenset(
 def _harmless(body: dict[str, Any]) -> None:
     for field in sorted(set(body) - CREATE_FIELDS):
         raise _refused(field, "sandcell does not know this field of E2B's create")
-    if body.get("mcp") not in (None, {}):
-        raise _refused("mcp", "sandcell runs no MCP gateway inside sandboxes")
+    if body.get("mcp") is not None and not isinstance(body["mcp"], dict):
+        raise _refused("mcp", "must be an object of MCP servers")
     iam = body.get("iam")
     if iam not in (None, {}) and (not isinstance(iam, dict) or iam.get("tokens")):
         raise _refused("iam", "sandcell has no workload identity tokens (see SPEC §17 secrets)")
