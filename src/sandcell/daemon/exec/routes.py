@@ -10,6 +10,7 @@ from starlette.responses import Response, StreamingResponse
 
 from sandcell.cellapi import schemas
 from sandcell.daemon.exec.stream import exec_stream
+from sandcell.daemon.http.steps import step
 from sandcell.daemon.http.table import json_of
 from sandcell.http.openapi import Operation
 
@@ -29,7 +30,9 @@ async def exec_command(request: Request) -> Response:
     spec = d.command_spec(json_of(request, schemas.ExecRequest))
     if NDJSON in request.headers.get("accept", ""):
         return StreamingResponse(exec_stream(d.runner, spec), media_type=NDJSON)
-    result = await d.runner.run(spec)
+    with step("exec.run") as outcome:
+        result = await d.runner.run(spec)
+        outcome["exit_code"], outcome["timed_out"] = result.exit_code, result.timed_out
     if result.stdout.size + result.stderr.size <= BUFFERED_RESULT_BYTES:
         # The common small result: one body, one write (streaming costs ~1 ms a call).
         return Response(b"".join(result.iter_json()), media_type="application/json")

@@ -18,6 +18,7 @@ from typing import Any
 from sandcell.daemon.exec import tree
 from sandcell.daemon.exec.pipes import PipeReader
 from sandcell.daemon.exec.spawn import spawn_command
+from sandcell.daemon.http.steps import step
 
 DRAIN_GRACE_S = 0.1
 STREAMS = {1: "stdout", 2: "stderr"}
@@ -240,15 +241,16 @@ class Runner:
     async def run(self, spec: CommandSpec, sink: OutputSink | None = None) -> CommandResult:
         started = time.monotonic()
         try:
-            proc = spawn_command(
-                spec.argv,
-                stdin=subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=spec.cwd,
-                env=spec.env,
-                start_new_session=True,
-            )
+            with step("exec.spawn"):
+                proc = spawn_command(
+                    spec.argv,
+                    stdin=subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=spec.cwd,
+                    env=spec.env,
+                    start_new_session=True,
+                )
         except OSError as exc:
             return _spawn_failure(spec, exc, time.monotonic() - started, sink)
         self._running.add(proc.pid)

@@ -14,13 +14,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.cellapi import schemas
+from sandcell.daemon.http.steps import step
 from sandcell.daemon.http.table import call_of, json_of
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import declared_length, stream_body
 from sandcell.http.openapi import Endpoint, Operation, Query
 
 if TYPE_CHECKING:
-    from sandcell.daemon.files.operations import Files
+    from sandcell.daemon.files.operations import EntryRecord, Files
     from sandcell.daemon.http.app import Daemon
 
 Handler = Callable[["Files", Request], Awaitable[Response]]
@@ -66,15 +67,20 @@ def _metadata(request: Request) -> dict[str, str] | None:
 
 
 async def write_file(files: Files, request: Request) -> Response:
+    with step("file.write") as outcome:
+        entry = await _written(files, request)
+        outcome["bytes"] = entry["size"]
+    return JSONResponse(entry)
+
+
+async def _written(files: Files, request: Request) -> EntryRecord:
     d = _daemon(request)
     verified = call_of(request).token
     path = _query(request, "path")
     length = declared_length(request)
     metadata = _metadata(request)
     if "bsh" not in verified.claims:  # a streamed upload: no digest to hold it against
-        return JSONResponse(
-            await files.write(path, stream_body(request), length, metadata=metadata)
-        )
+        return await files.write(path, stream_body(request), length, metadata=metadata)
     digest = hashlib.sha256()
 
     async def hashed() -> AsyncIterator[bytes]:
@@ -86,12 +92,13 @@ async def write_file(files: Files, request: Request) -> Response:
         # Streamed uploads are hashed on the fly; a bound body must match before commit.
         d.guard.check_streamed_body(verified, digest.digest())
 
-    entry = await files.write(path, hashed(), length, check_body, metadata)
-    return JSONResponse(entry)
+    return await files.write(path, hashed(), length, check_body, metadata)
 
 
 async def read_file(files: Files, request: Request) -> Response:
-    fd, size = files.open_for_read(_query(request, "path"))
+    with step("file.read") as outcome:  # the open: the bytes stream after the head
+        fd, size = files.open_for_read(_query(request, "path"))
+        outcome["bytes"] = size
     return StreamingResponse(
         files.iter_fd(fd),
         media_type="application/octet-stream",

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
@@ -28,6 +29,7 @@ from sandcell.daemon.files.root import CellRoot
 from sandcell.daemon.files.routes import CELL_FILE_OPERATIONS, FILE_OPERATIONS
 from sandcell.daemon.files.workspace import Workspace
 from sandcell.daemon.http.auth import Guard
+from sandcell.daemon.http.steps import TracedSteps
 from sandcell.daemon.http.table import (
     JSON_BODY,
     DaemonOperation,
@@ -212,6 +214,10 @@ WEBSOCKETS = (
 
 
 def create_app(config: DaemonConfig, environ: dict[str, str] | None = None) -> Starlette:
-    app = Starlette(routes=routes(OPERATIONS, WEBSOCKETS), exception_handlers=EXCEPTION_HANDLERS)
+    app = Starlette(
+        routes=routes(OPERATIONS, WEBSOCKETS),
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[Middleware(TracedSteps)],  # SPEC §20: a traced call's steps, handed back
+    )
     app.state.daemon = Daemon(config, dict(os.environ) if environ is None else environ)
     return app

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sandcell.cellapi import processes as schemas
 from sandcell.cellapi.processes import TerminalSize
+from sandcell.daemon.http.steps import step
 from sandcell.daemon.http.table import Body, DaemonOperation, WebSocketOperation, call_of, json_of
 from sandcell.daemon.processes.attach import attach
 from sandcell.daemon.processes.outputlog import Chunk, parse_offset
@@ -52,7 +53,9 @@ async def start_process(request: Request) -> Response:
         tag=req.tag,
         buffer_bytes=req.max_buffer_bytes,
     )
-    process = await d.processes.start(launch)
+    with step("process.spawn") as outcome:
+        process = await d.processes.start(launch)
+        outcome["pid"] = process.pid
     if follow:  # started and followed in one call (the E2B façade's Start)
         return StreamingResponse(_started(process), status_code=201, media_type=NDJSON)
     return JSONResponse(process.info(), status_code=201)
