@@ -44,6 +44,6 @@ fi
 if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,interpreter,mcp]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,interpreter,mcp,telemetry]'
 # typescript code contexts: the `typescript` package beside the driver, from its lockfile.
 npm ci --prefix src/sandcell/daemon/code --ignore-scripts --no-audit --no-fund --loglevel=error

@@ -14,7 +14,7 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp
 
-from sandcell import tokens
+from sandcell import telemetry, tokens
 from sandcell.audit.trail import AuditTrail
 from sandcell.banner import print_banner, store_label
 from sandcell.http.guard import guarded_protocol
@@ -201,6 +201,25 @@ async def _watching(server: Server, store: Store) -> AsyncIterator[None]:
 async def serve(settings: Settings, options: ServeOptions | None = None) -> None:
     options = options or ServeOptions()
     configure_logging(settings.log_format, options.log_level, options.access_log)
+    with _traced(settings):
+        await _serve(settings, options)
+
+
+@contextlib.contextmanager
+def _traced(settings: Settings) -> Iterator[None]:
+    """Traces exported while serving when `[telemetry] otlp_endpoint` is set (SPEC §20); the
+    spans still queued at the end go out before the process does."""
+    if not settings.otlp_endpoint:
+        yield
+        return
+    telemetry.enable(settings.otlp_endpoint)
+    try:
+        yield
+    finally:
+        telemetry.disable()
+
+
+async def _serve(settings: Settings, options: ServeOptions) -> None:
     uses = SecretUses()  # counted in /metrics, kept for the audit trail (SPEC §17)
     async with opened_store(settings) as store, opened_backend(settings, store, uses) as backend:
         manager = Manager(

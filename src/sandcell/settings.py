@@ -12,6 +12,7 @@ from sandcell.audit.settings import AuditConfigError, AuditSettings, parse_audit
 from sandcell.http.limits import ConnectionLimits
 from sandcell.manager.k8s.config import KubernetesConfig, parse_kubernetes
 from sandcell.manager.templates import ConfigError, Template, load_config, parse_templates
+from sandcell.telemetry import TelemetryConfigError, check_endpoint
 
 DEFAULT_HOST = "127.0.0.1"
 _ORIGIN = re.compile(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?")
@@ -89,6 +90,7 @@ class Settings:
     # CAs the secret-substituting proxy trusts upstream beyond the host's store (SPEC §17)
     upstream_ca_file: Path | None = None
     audit: AuditSettings = field(default_factory=AuditSettings)  # SPEC §20
+    otlp_endpoint: str = ""  # traces exported over OTLP/HTTP there (SPEC §20); "" is off
 
     @property
     def cells_dir(self) -> Path:
@@ -101,7 +103,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     unknown = set(server) - SERVER_KEYS
     if unknown:
         raise ConfigError(f"[server]: unknown keys {sorted(unknown)}")
-    unknown_tables = set(raw) - {"server", "templates", "kubernetes", "audit"}
+    unknown_tables = set(raw) - {"server", "templates", "kubernetes", "audit", "telemetry"}
     if unknown_tables:
         raise ConfigError(f"unknown tables {sorted(unknown_tables)}")
     root = data_dir or default_data_dir()
@@ -135,6 +137,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         cors_origins=_origins(server),
         upstream_ca_file=_upstream_ca_file(server, config),
         audit=_audit(raw, config),
+        otlp_endpoint=_otlp_endpoint(raw),
     )
     if settings.log_format not in ("text", "json"):
         raise ConfigError("[server] log_format must be 'text' or 'json'")
@@ -153,6 +156,20 @@ def _audit(raw: dict[str, Any], config: Path | None) -> AuditSettings:
         return parse_audit(table, config.parent if config else None)
     except AuditConfigError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _otlp_endpoint(raw: dict[str, Any]) -> str:
+    table = raw.get("telemetry", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[telemetry] must be a table")
+    if unknown := set(table) - {"otlp_endpoint"}:
+        raise ConfigError(f"[telemetry]: unknown keys {sorted(unknown)}")
+    if "otlp_endpoint" not in table:
+        return ""
+    try:
+        return check_endpoint(table["otlp_endpoint"])
+    except TelemetryConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _origins(server: dict[str, Any]) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from sandcell import tokens
+from sandcell import telemetry, tokens
 from sandcell.audit.trail import AuditTrail, recorded
 from sandcell.cellapi.environment import validate_env
 from sandcell.errors import ErrorCode, ServiceError
@@ -189,9 +189,13 @@ class Manager:
                     template, init_env, sandbox_id=sandbox_id, workspace=home, resources=resources
                 )
             else:
-                claimed = (
-                    await self.pools[template_name].claim() if pooled and not resources else None
-                )
+                with telemetry.span("sandbox.claim", {"sandcell.template": template_name}):
+                    claimed = (
+                        await self.pools[template_name].claim()
+                        if pooled and not resources
+                        else None
+                    )
+                    telemetry.annotate({"sandcell.warm": claimed is not None})
                 warm = claimed or await self.prepare(
                     template, init_env, sandbox_id=sandbox_id, resources=resources
                 )
@@ -267,23 +271,25 @@ class Manager:
         if env is None:  # a pool's cell: the template's default policy
             env = proxy_env(template.egress_policy())
         try:
-            handle: CellHandle = await self.backend.create(
-                policy, sandbox_id, self.bootstrap_pem, workspace
-            )
+            with telemetry.span("cell.start", {"sandcell.template": template.name}):
+                handle: CellHandle = await self.backend.create(
+                    policy, sandbox_id, self.bootstrap_pem, workspace
+                )
         except IsolationUnavailable as exc:
             raise ServiceError(
                 ErrorCode.ISOLATION_UNAVAILABLE, str(exc), {"layer": exc.layer}
             ) from exc
         session_key = tokens.generate_p256()
         try:
-            await initialize(
-                handle.endpoint,
-                self.bootstrap_key,
-                sandbox_id,
-                session_key,
-                env,
-                self.init_timeout_s,
-            )
+            with telemetry.span("cell.init", {"sandcell.sandbox_id": sandbox_id}):
+                await initialize(
+                    handle.endpoint,
+                    self.bootstrap_key,
+                    sandbox_id,
+                    session_key,
+                    env,
+                    self.init_timeout_s,
+                )
         except BaseException as exc:
             if isinstance(exc, InitFailed):
                 self.init_failures += 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandcell import telemetry
 from sandcell.http.limits import MIN_FD_RESERVE
 from sandcell.network.metrics import EgressMetrics
 from sandcell.network.policy import NONE, Decision, IPAddress, NetworkPolicy, decide, parse_policy
@@ -235,7 +236,8 @@ class EgressService:
                 entry.connections += 1  # counted at once: the owner's lookup awaits the store
                 self._held += 1
                 try:
-                    await self._serve_owned(sandbox_id, entry, handler, refuser, reader, writer)
+                    with telemetry.span("egress.connection", {"sandcell.sandbox_id": sandbox_id}):
+                        await self._serve_owned(sandbox_id, entry, handler, refuser, reader, writer)
                 finally:
                     entry.connections -= 1
                     self._held -= 1
@@ -347,6 +349,9 @@ class EgressService:
             port,
             verdict,
             decision.reason,
+        )
+        telemetry.annotate(
+            {"server.address": host, "server.port": port, "sandcell.decision": verdict}
         )
         return decision
 

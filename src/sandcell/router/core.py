@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import HTTPConnection
 
-from sandcell import tokens
+from sandcell import telemetry, tokens
 from sandcell.audit import calls as audit_calls
 from sandcell.audit.trail import CALLER, AuditTrail, Caller, recorded, status_of
 from sandcell.cellapi.client import dialer
@@ -265,6 +265,11 @@ class Hop:
         return entry
 
     async def exchange(self, record: SandboxRecord, call: Call) -> Answer:
+        if (tracing := telemetry.active) is not None:  # SPEC §20: the hop's span, carried
+            return await tracing.hop(self._exchange, record, call)
+        return await self._exchange(record, call)
+
+    async def _exchange(self, record: SandboxRecord, call: Call) -> Answer:
         key = await self.session_key(record.id)
         token = tokens.mint_request_token(key, record.id, call.method, call.target, call.body)
         pool, host = self._pool(record.endpoint)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandcell import telemetry
 from sandcell.errors import ErrorCode, error_body
 from sandcell.http.errors import CLIENT_CLOSED
 from sandcell.logs import printable
-from sandcell.router.door import HOLDS
+from sandcell.router.door import HOLDS, PAYER
 
 if TYPE_CHECKING:
     from sandcell.router.app import Router
@@ -59,6 +60,8 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID, request_id)]
             await send(message)
 
+        tracing = telemetry.active  # SPEC §20: off, this None check is all it costs
+        span = tracing.request(scope) if tracing is not None else None
         self.inflight += 1
         metrics.inflight.inc()
         try:
@@ -70,6 +73,8 @@ class RequestContext:
             metrics.inflight.dec()
             route = _route_name(scope)
             elapsed = time.perf_counter() - started
+            if span is not None:
+                span.finish(scope, route, status, scope.get(PAYER))
             metrics.requests.labels(route, scope["method"], str(status)).inc()
             metrics.latency.labels(route).observe(elapsed)
             log.info(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandcell import telemetry
 from sandcell.isolation.bwrap import Bind
 from sandcell.isolation.images import debian
 from sandcell.isolation.images.buildcell import BUILD_UID, BuildCells, Step, StepFailed
@@ -140,7 +141,8 @@ class Builder:
 
     def _run(self, job: BuildJob, spec: ImageSpec) -> None:
         try:
-            meta = self._build_once(job, spec)
+            with telemetry.span("image.build", {"sandcell.template": job.template}):
+                meta = self._build_once(job, spec)
         except BuildError as exc:
             self.store.record_failure(job.digest, exc.public())
             job.emit({"event": "failed", "error": exc.public()}, last=True)

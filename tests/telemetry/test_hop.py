@@ -1,0 +1,186 @@
+"""The hop's span and the daemon's steps, in-process: the core's `Hop` against the real
+daemon app (served by uvicorn on a unix socket in this loop), and against a hostile one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from sandcell import tokens
+from sandcell.cellapi.client import dialer
+from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.daemon.config import DaemonConfig
+from sandcell.daemon.exec import spawn
+from sandcell.daemon.http.app import create_app as daemon_app
+from sandcell.http.upstream import Dial
+from sandcell.router.core import Hop
+from support.proxying import proxy_client, sandbox_record, served, stored
+
+from .recording import PARENT_ID, TRACEPARENT, Recorded, recorded
+
+SANDBOX_ID = "sbx-traced"
+SPANS = "sandcell-spans"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _spawner() -> None:
+    with contextlib.suppress(RuntimeError):  # already running in this process
+        spawn.start(spawn.OwnOomScore(), confine=None)
+
+
+def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
+    config = DaemonConfig(
+        sandbox_id=SANDBOX_ID,
+        bootstrap_key=tokens.load_public_key(tokens.public_pem(bootstrap)),
+        workspace=str(workspace),
+        uds=None,
+        listen=("127.0.0.1", 0),
+        fd=None,
+        inherit_env=DEFAULT_INHERIT,
+        disk_quota_bytes=8 << 20,
+        landlock=False,
+        deny_tcp=False,
+    )
+    return daemon_app(config, environ={})
+
+
+@contextlib.asynccontextmanager
+async def through_hop(app: Starlette, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """A client whose calls go through a `Hop` to `app` on a unix socket."""
+    uds = tmp_path / "daemon.sock"
+
+    def dialer_for(endpoint: dict[str, Any]) -> tuple[Dial, bytes]:
+        return dialer({"uds": str(uds)})
+
+    real = hasattr(app.state, "daemon")
+    session = await _initialised(app) if real else tokens.generate_p256()
+    record = sandbox_record(SANDBOX_ID, {"uds": "x"})
+    async with served(app, uds), stored(tmp_path, record, session) as store:
+        hop = Hop(store, dialer_for=dialer_for)
+        async with proxy_client(hop, record) as client:
+            yield client
+        await hop.close()
+
+
+_BOOTSTRAP = tokens.generate_p256()
+
+
+async def _initialised(app: Starlette) -> tokens.PrivateKey:
+    session = tokens.generate_p256()
+    token = tokens.mint_bootstrap_token(_BOOTSTRAP, SANDBOX_ID, tokens.public_pem(session))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://d") as d:
+        assert (await d.post("/init", json={"token": token})).status_code == 200
+    return session
+
+
+@pytest.fixture
+def tracing() -> Any:
+    with recorded() as recording:
+        yield recording
+
+
+@pytest.mark.anyio
+async def test_the_daemons_steps_become_children_of_the_hop(
+    tmp_path: Path, tracing: Recorded
+) -> None:
+    (tmp_path / "ws").mkdir()
+    async with through_hop(_daemon(tmp_path / "ws", _BOOTSTRAP), tmp_path) as client:
+        base = f"/v1/sandboxes/{SANDBOX_ID}"
+        # The caller's own trace context is replaced by the hop's, never passed on as it is.
+        reply = await client.post(
+            f"{base}/exec",
+            json={"command": "echo secret-ish"},
+            headers={"traceparent": TRACEPARENT},
+        )
+        assert reply.status_code == 200 and reply.json()["stdout"] == "secret-ish\n"
+        assert SPANS not in reply.headers  # the router's, not the caller's
+        assert (await client.put(f"{base}/files?path=a.txt", content=b"abc")).status_code == 200
+
+    spans = tracing.spans()
+    hop = next(s for s in spans if s.name == "daemon POST /v1/exec")
+    assert hop.attributes is not None and hop.attributes["sandcell.sandbox_id"] == SANDBOX_ID
+    assert hop.parent is None or hop.parent.span_id != int(PARENT_ID, 16)  # no server span here
+    children = {s.name: s for s in spans if s.parent and s.parent.span_id == hop.context.span_id}
+    assert set(children) == {"exec.spawn", "exec.run"}
+    run = children["exec.run"]
+    assert run.attributes == {
+        "sandcell.exit_code": 0,
+        "sandcell.timed_out": False,
+        "sandcell.origin": "cell",
+    }
+    for child in children.values():
+        assert child.context.trace_id == hop.context.trace_id
+        assert hop.start_time <= child.start_time <= child.end_time <= hop.end_time
+    write = next(s for s in spans if s.name == "daemon PUT /v1/files")
+    (written,) = [s for s in spans if s.parent and s.parent.span_id == write.context.span_id]
+    assert written.name == "file.write" and written.attributes["sandcell.bytes"] == 3
+    # What the spans carry: no command text, no body.
+    text = json.dumps([dict(s.attributes or {}) for s in spans])
+    assert "secret-ish" not in text and "echo" not in text
+
+
+HOSTILE = [
+    {"n": "exec.run", "s": 1, "e": 2**62, "a": {"exit_code": 0}},  # clamped inside the hop
+    {"n": "exec.run", "s": 5, "e": 6, "a": {"command": 1}},  # a key it may not carry
+    {"n": "exec.run", "s": 5, "e": 6, "a": {"exit_code": "rm -rf /"}},  # text
+    {"n": "made.up", "s": 5, "e": 6},
+    {"n": "exec.spawn", "s": True, "e": 6},
+    {"n": "exec.spawn", "s": -5, "e": 6},
+    {"n": "exec.spawn", "s": 5.5, "e": 6},
+    {"n": "exec.spawn", "s": 5, "e": 6, "x": 1},
+    "exec.spawn",
+]
+
+
+def _hostile_daemon(header: bytes | None) -> Starlette:
+    """A daemon that answers every exec with `header` as its spans (and no checks at all)."""
+
+    async def exec_(request: Request) -> JSONResponse:
+        response = JSONResponse({"exit_code": 0, "stdout": "", "stderr": ""})
+        if header is not None:
+            response.raw_headers.append((b"sandcell-spans", header))
+        return response
+
+    return Starlette(routes=[Route("/v1/exec", exec_, methods=["POST"])])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("header", "kept"),
+    [
+        (json.dumps(HOSTILE).encode(), 1),  # the one well-formed span, clamped
+        (b"[" * 1900, 0),  # nested past the parser's recursion limit
+        (json.dumps([{"n": "exec.spawn", "s": 1, "e": 2, "a": {}}] * 80).encode(), 0),  # > bound
+        (json.dumps([{"n": "exec.spawn", "s": 1, "e": 2}] * 20).encode(), 8),  # at most 8 read
+        (b"not json \xff", 0),
+        (b'{"n": "exec.run"}', 0),
+        (b'[{"n": "exec.spawn", "s": 1' + b"0" * 1500 + b', "e": 1}]', 0),  # an int too big
+        (json.dumps([{"n": "exec.spawn", "s": 1, "e": 2, "a": []}]).encode(), 0),
+    ],
+    ids=["mixed", "deep", "oversized", "many", "bytes", "object", "huge-int", "attrs-list"],
+)
+async def test_hostile_span_data_is_dropped(
+    tmp_path: Path, tracing: Recorded, header: bytes, kept: int
+) -> None:
+    async with through_hop(_hostile_daemon(header), tmp_path) as client:
+        reply = await client.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={"command": "true"})
+        assert reply.status_code == 200
+        assert SPANS not in reply.headers
+    spans = tracing.spans()
+    hop = next(s for s in spans if s.name == "daemon POST /v1/exec")
+    cell = [s for s in spans if s.parent and s.parent.span_id == hop.context.span_id]
+    assert len(cell) == kept
+    for span in cell:
+        assert span.name in ("exec.spawn", "exec.run")
+        assert hop.start_time <= span.start_time <= span.end_time <= hop.end_time
+        assert set(span.attributes or {}) <= {"sandcell.exit_code", "sandcell.origin"}
