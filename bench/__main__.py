@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import code, datapaths, e2bsdk, egress, figures, persistence, processes
+from bench import code, datapaths, e2bsdk, egress, figures, persistence, processes, traces
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -68,6 +68,7 @@ ALONE: dict[str, Callable[[Path, Sizes], Rows]] = {
     "persistence": lambda tmp, z: persistence.figures(tmp, repeats=z.repeats),
     "start": lambda tmp, z: figures.cell_start_and_memory(z.starts),
     "egress": lambda tmp, z: egress.figures(size_mib=z.stream_mb, repeats=z.repeats * 2, n=z.n),
+    "traces": lambda tmp, z: traces.figures(tmp, z.n),  # exec with telemetry on, beside off
 }
 
 

@@ -57,6 +57,10 @@ def test_a_server_without_telemetry_imports_none_of_opentelemetry(tmp_path: Path
                 headers={"traceparent": TRACEPARENT},
             )
             assert reply.status_code == 200
+            # Off, the caller's traceparent travels on as any end-to-end header: the daemon
+            # times its steps and its header comes back (its own sandbox's, checked by nobody).
+            spans = json.loads(reply.headers["sandcell-spans"])
+            assert [s["n"] for s in spans] == ["exec.spawn", "exec.run"]
             api.delete(f"/v1/sandboxes/{sandbox}")
         server.stop(signal.SIGTERM)
         assert proc.returncode == 0, log.read_text()[-2000:]
