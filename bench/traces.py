@@ -62,15 +62,17 @@ def figures(tmp: Path, n: int) -> list[Row]:
     on = None
     try:
         on = Server(tmp / "on", 1, f'\n[telemetry]\notlp_endpoint = "{receiver.url}"\n')
-        return _interleaved(off, on, n, receiver)
+        rows = _interleaved(off, on, n)
     finally:
         for server in (off, on):
             if server is not None:
-                server.close()
+                server.close()  # its queued spans are exported before it exits
         receiver.close()
+    rows[1]["spans_received"] = receiver.spans
+    return rows
 
 
-def _interleaved(off: Server, on: Server, n: int, receiver: Receiver) -> list[Row]:
+def _interleaved(off: Server, on: Server, n: int) -> list[Row]:
     sandboxes = {id(off): off.create(), id(on): on.create()}
     samples: dict[int, list[float]] = {id(off): [], id(on): []}
     cpu = {id(off): 0.0, id(on): 0.0}
@@ -97,5 +99,4 @@ def _interleaved(off: Server, on: Server, n: int, receiver: Receiver) -> list[Ro
     )
     for out, server in ((base, off), (traced, on)):
         out["router_cpu_ms_per_exec"] = round(cpu[id(server)] * 1000 / n, 3)
-    traced["spans_received"] = receiver.spans
     return [base, traced]
