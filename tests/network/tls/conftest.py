@@ -427,3 +427,12 @@ async def secrets(tmp_path: Path, test_ca: UpstreamCA) -> AsyncIterator[Secrets]
         await service.serve(sandbox_id, http, s5)
     yield Secrets(service, substitution, bindings, policies, uses, ports, socks, tmp_path)
     await service.close()
+
+
+@pytest.fixture
+def api_alone(secrets: Secrets, upstreams: Callable[..., Upstream]) -> Upstream:
+    """api.test, allowed, with the API_TOKEN secret naming it (and no other secret)."""
+    upstream = upstreams("api.test")
+    secrets.allow(upstream.port)
+    secrets.bindings["sbx-a"] = (binding(),)
+    return upstream

@@ -10,6 +10,7 @@ import ssl
 from dataclasses import dataclass, field
 
 from sandcell.network.tls.authority import Authorities
+from sandcell.network.tls.relays import Relays
 from sandcell.network.tls.rewrite import SHAPE, Gone, HostRules, Refusal
 from sandcell.secrets.bindings import BindingsLookup, Decision, SecretBinding, UseRecorder
 
@@ -22,6 +23,7 @@ class Substitution:
     record_use: UseRecorder
     authorities: Authorities
     upstream: ssl.SSLContext
+    relays: Relays = field(default_factory=Relays)  # the threads of intercepted connections
     _seen: dict[str, dict[str, Gone]] = field(default_factory=dict, repr=False)
 
     async def rules_for(self, sandbox_id: str, host: str, port: int) -> HostRules:
