@@ -85,6 +85,15 @@ class Refused(Exception):
         self.reason = reason
 
 
+def connect_failure(address: str, port: int, exc: OSError) -> str:
+    """Why `address` could not serve a connection (TLS verification too), as clients see it."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"{address}:{port}: its certificate failed verification: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        return f"{address}:{port}: TLS failed: {exc.reason or exc}"
+    return f"{address}:{port}: {exc.strerror or exc or 'timed out'}"
+
+
 async def system_resolver(host: str, port: int) -> list[str]:
     """Addresses of `host` from the host's resolver (in order, without repeats)."""
     try:
@@ -201,6 +210,8 @@ class EgressService:
         """Stops serving; the sandboxes' CAs stay (a restarted server adopts their cells)."""
         for sandbox_id in list(self._sandboxes):
             self._close_listeners(sandbox_id)
+        if self.substitution is not None:  # intercepted connections run in threads
+            await self.substitution.relays.close()
 
     @property
     def held(self) -> int:
@@ -378,14 +389,8 @@ class EgressService:
                     ),
                     self.limits.connect_timeout_s,
                 )
-            except ssl.SSLCertVerificationError as exc:
-                last = (
-                    f"{address}:{port}: its certificate failed verification: {exc.verify_message}"
-                )
-            except ssl.SSLError as exc:
-                last = f"{address}:{port}: TLS failed: {exc.reason or exc}"
-            except (OSError, TimeoutError) as exc:
-                last = f"{address}:{port}: {exc.strerror if isinstance(exc, OSError) else exc}"
+            except OSError as exc:  # TLS and timeouts too
+                last = connect_failure(address, port, exc)
         raise Refused(f"cannot connect to {last}")
 
     async def pipe(
