@@ -106,6 +106,19 @@ def test_set_timeout_5_ends_the_sandbox_soon_after(
         kept.kill()
 
 
+def test_set_timeout_0_times_out_now(e2b_server: RunningServer, e2b_env: dict[str, str]) -> None:
+    """E2B's own tests force an auto-pause with set_timeout(0)."""
+    key = e2b_env["E2B_API_KEY"]
+    sbx = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
+    try:
+        started = time.monotonic()
+        sbx.set_timeout(0)
+        assert _within(20, lambda: _gone_or_paused(e2b_server, key, sbx.sandbox_id)) == "paused"
+        assert time.monotonic() - started < 5 and not sbx.is_running()
+    finally:
+        sbx.kill()
+
+
 @pytest.fixture(scope="module")
 def slow_reaper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server whose reaper's regular pass is a minute apart: an end kept on time here was

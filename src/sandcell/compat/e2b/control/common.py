@@ -75,13 +75,13 @@ async def _created(gateway: Gateway, sandbox: dict[str, Any], template: str) -> 
     }
 
 
-def _timeout(body: dict[str, Any]) -> int | None:
+def _timeout(body: dict[str, Any], least: int = 1) -> int | None:
     value = body.get("timeout")
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TIMEOUT_S:
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_TIMEOUT_S:
         raise ServiceError(
-            ErrorCode.BAD_REQUEST, f"timeout must be an integer from 1 to {MAX_TIMEOUT_S}"
+            ErrorCode.BAD_REQUEST, f"timeout must be an integer from {least} to {MAX_TIMEOUT_S}"
         )
     return value
 

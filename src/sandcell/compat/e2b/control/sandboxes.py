@@ -109,12 +109,14 @@ async def kill(gateway: Gateway, principal: Principal, request: Request) -> Resp
 
 
 async def set_timeout(gateway: Gateway, principal: Principal, request: Request) -> Response:
-    """E2B's timeout is a deadline: the sandbox ends `timeout` from now, sooner or later."""
+    """E2B's timeout is a deadline: the sandbox ends `timeout` from now, sooner or later;
+    0 (E2B's "time out now", which its tests use to force an auto-pause) a second from now,
+    the soonest end the reaper keeps."""
     record = await _owned(gateway, principal, request)
-    timeout = _timeout(await json_body(request, MAX_BODY))
+    timeout = _timeout(await json_body(request, MAX_BODY), least=0)
     if timeout is None:
         raise _refused("timeout", "is required")
-    await gateway.router.set_end(record, timeout)
+    await gateway.router.set_end(record, max(timeout, 1))
     return Response(status_code=204)
 
 
