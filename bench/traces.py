@@ -28,15 +28,18 @@ class Receiver:
         )
 
         self.spans = 0
+        self.runs = 0  # `exec.run` spans: one per exec, from the daemon's answer
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 request = ExportTraceServiceRequest.FromString(body)
-                receiver.spans += sum(
-                    len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans
-                )
+                spans = [
+                    s for rs in request.resource_spans for sc in rs.scope_spans for s in sc.spans
+                ]
+                receiver.spans += len(spans)
+                receiver.runs += sum(s.name == "exec.run" for s in spans)
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -69,6 +72,7 @@ def figures(tmp: Path, n: int) -> list[Row]:
                 server.close()  # its queued spans are exported before it exits
         receiver.close()
     rows[1]["spans_received"] = receiver.spans
+    rows[1]["exec_run_spans_received"] = receiver.runs  # of n + WARMUP execs
     return rows
 
 

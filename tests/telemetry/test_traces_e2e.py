@@ -183,3 +183,26 @@ def test_a_command_through_the_e2b_sdk_is_one_connected_trace(
     assert front.attributes["sandcell.sandbox_id"] == sandbox.sandbox_id
     assert front.start <= hop.start <= spawn.start <= spawn.end <= hop.end <= front.end
     assert "traced-" not in json.dumps([s.attributes for s in spans])
+
+
+def test_an_unsampled_traceparent_is_followed_and_records_nothing(
+    api: httpx.Client, receiver: Receiver, sandbox_id: str
+) -> None:
+    unsampled = f"00-{'d' * 32}-{PARENT_ID}-00"
+    reply = api.post(
+        f"/v1/sandboxes/{sandbox_id}/exec",
+        json={"command": "true"},
+        headers={"traceparent": unsampled},
+    )
+    assert reply.status_code == 200 and "sandcell-spans" not in reply.headers
+    # A sampled call after it: once its spans are in, the unsampled one's would be too.
+    marker = f"00-{'e' * 32}-{PARENT_ID}-01"
+    api.post(
+        f"/v1/sandboxes/{sandbox_id}/exec",
+        json={"command": "true"},
+        headers={"traceparent": marker},
+    )
+    spans = receiver.wait_for(
+        lambda got: any(s.trace_id == "e" * 32 and s.name == "exec.run" for s in got)
+    )
+    assert not any(s.trace_id == "d" * 32 for s in spans)
