@@ -184,3 +184,40 @@ async def test_hostile_span_data_is_dropped(
         assert span.name in ("exec.spawn", "exec.run")
         assert hop.start_time <= span.start_time <= span.end_time <= hop.end_time
         assert set(span.attributes or {}) <= {"sandcell.exit_code", "sandcell.origin"}
+
+
+def _echoing_daemon() -> Starlette:
+    """A daemon that answers with the trace headers it was sent."""
+
+    async def exec_(request: Request) -> JSONResponse:
+        return JSONResponse({k: request.headers.getlist(k) for k in ("traceparent", "tracestate")})
+
+    return Starlette(routes=[Route("/v1/exec", exec_, methods=["POST"])])
+
+
+@pytest.mark.anyio
+async def test_the_daemon_gets_the_hops_trace_context_not_the_callers(
+    tmp_path: Path, tracing: Recorded
+) -> None:
+    async with through_hop(_echoing_daemon(), tmp_path) as client:
+        reply = await client.post(
+            f"/v1/sandboxes/{SANDBOX_ID}/exec",
+            json={},
+            headers={"traceparent": TRACEPARENT, "tracestate": "caller=1"},
+        )
+    (hop,) = tracing.named("daemon POST /v1/exec")
+    expected = f"00-{hop.context.trace_id:032x}-{hop.context.span_id:016x}-01"
+    assert reply.json() == {"traceparent": [expected], "tracestate": []}
+
+
+def test_span_names_keep_few_values() -> None:
+    from sandcell.telemetry.otel import _route
+
+    route = "/v1/sandboxes/{sandbox_id}/{rest:path}"
+    assert _route(route, {"sandbox_id": "sbx-1", "rest": "exec"}) == (
+        "/v1/sandboxes/{sandbox_id}/exec"
+    )
+    assert _route(route, {"sandbox_id": "sbx-1", "rest": "processes/4711/stdin"}) == (
+        "/v1/sandboxes/{sandbox_id}/processes/{n}/stdin"
+    )
+    assert _route("/e2b/process.Process/Start", {}) == "/e2b/process.Process/Start"

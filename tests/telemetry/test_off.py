@@ -138,3 +138,15 @@ def test_the_endpoint_is_kept_and_spans_go_beneath_it(tmp_path: Path) -> None:
     assert traces_url("http://c:4318") == "http://c:4318/v1/traces"
     assert traces_url("http://c:4318/otlp/") == "http://c:4318/otlp/v1/traces"
     assert traces_url("https://c/v1/traces") == "https://c/v1/traces"
+
+
+def test_the_endpoint_without_the_sdk_is_refused_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandcell.telemetry
+
+    monkeypatch.setattr(sandcell.telemetry, "SDK_MODULES", ("opentelemetry.sdk.nowhere.trace",))
+    config = tmp_path / "sandcell.toml"
+    config.write_text('[telemetry]\notlp_endpoint = "http://127.0.0.1:4318"\n')
+    with pytest.raises(ConfigError, match=r"needs the OpenTelemetry SDK.*sandcell\[telemetry\]"):
+        load_settings(config, tmp_path)
