@@ -206,3 +206,22 @@ def test_an_unsampled_traceparent_is_followed_and_records_nothing(
         lambda got: any(s.trace_id == "e" * 32 and s.name == "exec.run" for s in got)
     )
     assert not any(s.trace_id == "d" * 32 for s in spans)
+
+
+def test_a_cold_create_has_its_cell_start_and_init(api: httpx.Client, receiver: Receiver) -> None:
+    traceparent = f"00-{'f' * 32}-{PARENT_ID}-01"
+    # An env of its own: no pooled cell fits, one is started for this sandbox.
+    reply = api.post(
+        "/v1/sandboxes", json={"env": {"X": "1"}}, headers={"traceparent": traceparent}
+    )
+    assert reply.status_code == 201, reply.text
+    api.delete(f"/v1/sandboxes/{reply.json()['id']}")
+    spans = receiver.wait_for(
+        lambda got: any(s.trace_id == "f" * 32 and s.name == "cell.init" for s in got)
+    )
+    create = _one(spans, "POST /v1/sandboxes", "f" * 32)
+    children = _children(spans, create)
+    assert set(children) == {"sandbox.claim", "cell.start", "cell.init"}
+    assert children["sandbox.claim"].attributes["sandcell.warm"] is False
+    assert children["cell.init"].attributes["sandcell.sandbox_id"] == reply.json()["id"]
+    assert children["cell.start"].end <= children["cell.init"].start
