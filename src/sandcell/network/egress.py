@@ -350,6 +350,9 @@ class EgressService:
     ) -> Decision:
         verdict = "allowed" if decision.allowed else "refused"
         self.metrics.decisions.labels(verdict).inc()
+        telemetry.annotate(
+            {"server.address": host, "server.port": port, "sandcell.decision": verdict}
+        )
         if self.on_decision is not None:
             self.on_decision(sandbox_id, host, port, decision.allowed)
         log.info(
@@ -360,9 +363,6 @@ class EgressService:
             port,
             verdict,
             decision.reason,
-        )
-        telemetry.annotate(
-            {"server.address": host, "server.port": port, "sandcell.decision": verdict}
         )
         return decision
 
