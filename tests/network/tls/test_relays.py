@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import h11
 import pytest
 
 from network.tls.conftest import PLACEHOLDER, VALUE, binding
@@ -180,3 +181,27 @@ async def test_closing_the_proxy_ends_its_relays_threads_and_sockets(secrets, ap
     writer.close()
     await writer.wait_closed()
     await eventually(lambda: sockets_open() <= before)
+
+
+@pytest.mark.parametrize("size", [2, 3 * 1_048_576])  # read whole by h11; read past it
+async def test_bytes_past_a_responses_length_are_not_relayed(secrets, silent, size):
+    """What an upstream sends beyond its response's Content-Length is no response of this
+    request (nor of the next): it is dropped and the connection ends."""
+    body = bytes(size)
+    head = f"HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n".encode()
+    _, port = silent(head + body + b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+    reader, writer = await tunnel(secrets, port)
+    writer.write(f"GET / HTTP/1.1\r\nhost: api.test\r\nx-key: {PLACEHOLDER}\r\n\r\n".encode())
+    raw = await asyncio.wait_for(reader.read(), 10)  # to the end: the proxy closes
+    writer.close()
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("host", "api.test")]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(raw)
+    conn.receive_data(b"")
+    events = []
+    while not isinstance(event := conn.next_event(), h11.ConnectionClosed):
+        events.append(event)
+    assert isinstance(events[0], h11.Response) and events[0].status_code == 200
+    assert b"".join(e.data for e in events if isinstance(e, h11.Data)) == body
+    assert isinstance(events[-1], h11.EndOfMessage)

@@ -78,3 +78,19 @@ def test_a_refused_key_raises_even_when_split():
     assert rewriter.feed(head) == head.removesuffix(b"sandcell-sec")  # what may begin it, held
     with pytest.raises(Refusal):
         rewriter.feed(b"ret-A-abc and more")
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=pieces, cuts=st.lists(st.integers(0, 400), max_size=12))
+def test_a_fixed_buffer_is_read_only_up_to_its_end(parts, cuts):
+    """As the relay hands in its read buffer: the chunk, then bytes of an earlier read
+    (here whole keys) past `end`, which must neither match nor be held."""
+    data = b"".join(parts)
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    rewriter = Rewriter(dict(KEYS))
+    out = bytearray()
+    for a, b in itertools.pairwise(bounds):
+        buffer = bytearray(data[a:b] + b"sandcell-secret-A-abc v2")
+        for piece in rewriter.parts(buffer, b - a):
+            out += piece
+    assert bytes(out) + rewriter.flush() == whole(data)

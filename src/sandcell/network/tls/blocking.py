@@ -34,7 +34,10 @@ class Side:
         self.sock = sock
         self.idle_s = idle_s
         self.count = count
-        self.buffer = memoryview(bytearray(CHUNK))
+        self.role = role
+        self.raw = bytearray(CHUNK)
+        self.buffer = memoryview(self.raw)
+        self.fresh = self.spent = False  # see `restart`
         self.pending: list[Piece] = []
         sock.settimeout(idle_s)
 
@@ -54,15 +57,29 @@ class Side:
     def receive(self, *, wait: bool) -> bool:
         """Hands what has arrived to h11 (an end too); with `wait`, waits for the first
         byte. False when nothing had arrived."""
+        filled, ended = self._fill(CHUNK, wait=wait)
+        if filled:
+            self.conn.receive_data(cast(bytes, self.buffer[:filled]))  # h11 copies it
+        if ended:
+            self.conn.receive_data(b"")
+        return bool(filled) or ended
+
+    def read_raw(self, limit: int) -> int:
+        """Reads up to `limit` bytes into `raw`, past h11 (a body whose length h11 has
+        read from the head), waiting for the first; 0 at the end."""
+        return self._fill(min(limit, CHUNK), wait=True)[0]
+
+    def _fill(self, limit: int, *, wait: bool) -> tuple[int, bool]:
+        """(bytes read into `raw`, whether the peer ended)."""
         filled, ended = 0, False
         if wait:
-            filled = self.sock.recv_into(self.buffer)
+            filled = self.sock.recv_into(self.buffer[:limit])
             ended = not filled
         if not ended:
             self.sock.settimeout(0)
             try:
-                while filled < CHUNK:
-                    got = self.sock.recv_into(self.buffer[filled:])
+                while filled < limit:
+                    got = self.sock.recv_into(self.buffer[filled:limit])
                     if not got:
                         ended = True
                         break
@@ -71,11 +88,19 @@ class Side:
                 pass
             finally:
                 self.sock.settimeout(self.idle_s)
-        if filled:
-            self.conn.receive_data(cast(bytes, self.buffer[:filled]))  # h11 copies it
-        if ended:
-            self.conn.receive_data(b"")
-        return bool(filled) or ended
+        return filled, ended
+
+    def restart(self, reusable: bool) -> None:
+        """h11 afresh once a body was read past it: for the next request if `reusable`,
+        else the connection ends after this exchange."""
+        self.conn = h11.Connection(self.role, max_incomplete_event_size=MAX_HEAD)
+        self.fresh, self.spent = reusable, not reusable
+
+    def next_cycle(self) -> None:
+        if self.fresh:
+            self.fresh = False
+        else:
+            self.conn.start_next_cycle()
 
     def has_bytes(self) -> bool:
         """Whether a read would find something at once (decrypted bytes held by OpenSSL)."""

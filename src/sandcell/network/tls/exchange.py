@@ -67,16 +67,28 @@ class Exchange:
                 return
             if h11.MUST_CLOSE in (self.cell.conn.our_state, self.upstream.conn.our_state):
                 return
-            if self.upstream.conn.their_state is h11.MUST_CLOSE:
+            if self.upstream.conn.their_state is h11.MUST_CLOSE or self.upstream.spent:
+                return
+            if self._upstream_spoke():
                 return
             try:
                 self.cell.conn.start_next_cycle()
-                self.upstream.conn.start_next_cycle()
+                self.upstream.next_cycle()
             except h11.LocalProtocolError:
                 return  # one side is not done with the last exchange: start afresh
 
+    def _upstream_spoke(self) -> bool:
+        """Whether the upstream has sent what no request asked for (bytes past its response,
+        read whole by h11 or not), or closed: then no request may follow on this connection,
+        as those bytes would be taken for its response."""
+        self.upstream.receive(wait=False)
+        data, closed = self.upstream.conn.trailing_data
+        return bool(data) or closed
+
     def _one(self, request: h11.Request) -> bool:
         """One request and its response; False when the connection must end."""
+        if self._upstream_spoke():
+            return False  # the request is not answered: the client retries on a new one
         if request.http_version not in (b"1.0", b"1.1"):  # HTTP/2 without ALPN, say
             self._answer(400, "the relay to a host with secrets speaks HTTP/1.1 only")
             return False
@@ -152,9 +164,7 @@ class Exchange:
             if isinstance(event, h11.Data):
                 self.upstream.send_body(body.parts(event.data))
             elif isinstance(event, h11.EndOfMessage):
-                if rest := body.flush():
-                    self.upstream.send(h11.Data(data=rest), now=False)
-                self.upstream.send(h11.EndOfMessage())
+                _finish(self.upstream, body)
                 self._record_body(body)
                 return None
             else:
@@ -198,7 +208,38 @@ class Exchange:
                     return
             self._send_response(event, headers)
             break
-        _stream(self.upstream, self.cell, echo, "the upstream's response ended early")
+        size = _sized(event, bodiless)
+        if size is None:
+            _stream(self.upstream, self.cell, echo, "the upstream's response ended early")
+        else:
+            self._relay_sized(event, size, echo)
+
+    def _relay_sized(self, response: h11.Response, length: int, echo: Rewriter) -> None:
+        """A response body of `length` bytes (its `Content-Length`), read past h11 (which
+        would copy each byte twice) straight from the socket's buffer into the rewrite and
+        out through the cell's h11 (which frames it, chunked when an echo may change its
+        length). h11 then starts afresh on the upstream's side, for the next request when
+        both sides allowed one."""
+        upstream = self.upstream
+        held, _ = upstream.conn.trailing_data  # what came with the head
+        first = held[:length]
+        if first:
+            self.cell.send_body(echo.parts(first))
+        remaining = length - len(first)
+        while remaining:
+            got = upstream.read_raw(remaining)
+            if not got:
+                raise h11.RemoteProtocolError("the upstream's response ended early")
+            self.cell.send_body(echo.parts(upstream.raw, got))
+            remaining -= got
+        _finish(self.cell, echo)
+        reusable = (
+            upstream.conn.our_state is h11.DONE  # the request was sent whole, kept alive
+            and response.http_version == b"1.1"
+            and b"close" not in (_header(response.headers, b"connection") or b"").lower()
+            and len(held) == len(first)  # nothing came past the body
+        )
+        upstream.restart(reusable)
 
     def _send_response(self, event: h11.Response, headers: list[tuple[bytes, bytes]]) -> None:
         response = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason)
@@ -249,12 +290,25 @@ def _stream(source: Side, sink: Side, rewrite: Rewriter, early: str) -> None:
         if isinstance(event, h11.Data):
             sink.send_body(rewrite.parts(event.data))
         elif isinstance(event, h11.EndOfMessage):
-            if rest := rewrite.flush():
-                sink.send(h11.Data(data=rest), now=False)
-            sink.send(h11.EndOfMessage())
+            _finish(sink, rewrite)
             return
         else:
             raise h11.RemoteProtocolError(early)
+
+
+def _finish(sink: Side, rewrite: Rewriter) -> None:
+    """A body's end: what the rewrite held back, then h11's end of the message."""
+    if rest := rewrite.flush():
+        sink.send(h11.Data(data=rest), now=False)
+    sink.send(h11.EndOfMessage())
+
+
+def _sized(response: h11.Response, bodiless: bool) -> int | None:
+    """The body's length when the head gives it (and nothing else frames the body)."""
+    if bodiless or _header(response.headers, b"transfer-encoding") is not None:
+        return None
+    length = _header(response.headers, b"content-length")
+    return int(length) if length is not None and length.isdigit() else None
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:

@@ -199,20 +199,25 @@ class Rewriter:
     def feed(self, chunk: bytes | bytearray) -> bytes:
         return b"".join(self.parts(chunk))
 
-    def parts(self, chunk: bytes | bytearray) -> list[bytes | bytearray | memoryview]:
+    def parts(
+        self, chunk: bytes | bytearray, end: int | None = None
+    ) -> list[bytes | bytearray | memoryview]:
         """`feed`'s output as the pieces to send in order: where nothing matches, views of
-        `chunk` (no copy of a bulk chunk; whoever hands it in must not change it after)."""
+        `chunk` (no copy of a bulk chunk; whoever hands it in must not change it until they
+        are sent). Only `chunk[:end]` is read, so a fixed buffer can be handed in as is."""
+        end = len(chunk) if end is None else end
         if not self.table:
-            return [chunk] if chunk else []
+            return [] if not end else [chunk] if end == len(chunk) else [memoryview(chunk)[:end]]
         held = self.held
         out: list[bytes | bytearray | memoryview] = []
         data = chunk
         if held:
             # A match that starts in what was held ends within `keep` bytes of this chunk:
             # only if one may is the chunk joined to it (a copy) to be scanned as one.
-            window = held + chunk[: self.keep]
-            if len(chunk) < self.keep or any(key in window for key in self.table):
-                data = held + chunk
+            window = held + chunk[: min(self.keep, end)]
+            if end < self.keep or any(key in window for key in self.table):
+                data = held + chunk[:end]
+                end = len(data)
             else:
                 out.append(held)
         view = memoryview(data)
@@ -220,7 +225,7 @@ class Rewriter:
         while True:
             found, key = -1, b""
             for candidate in self.table:
-                index = data.find(candidate, pos)
+                index = data.find(candidate, pos, end)
                 if index >= 0 and (found < 0 or index < found):
                     found, key = index, candidate
             if found < 0:
@@ -233,25 +238,25 @@ class Rewriter:
             out.append(replacement)
             self.used.add(key)
             pos = found + len(key)
-        end = self._hold_from(data, pos)
-        if end > pos:
-            out.append(view[pos:end])
-        self.held = bytes(view[end:])
+        hold = self._hold_from(data, pos, end)
+        if hold > pos:
+            out.append(view[pos:hold])
+        self.held = bytes(view[hold:end])
         return out
 
-    def _hold_from(self, data: bytes | bytearray, pos: int) -> int:
-        """Where the bytes at the end of `data` (past `pos`) that may begin a key begin: they
-        wait for the next chunk. Any other byte cannot be part of a match."""
-        end = len(data)
+    def _hold_from(self, data: bytes | bytearray, pos: int, end: int) -> int:
+        """Where the bytes at the end of `data[:end]` (past `pos`) that may begin a key begin:
+        they wait for the next chunk. Any other byte cannot be part of a match."""
+        hold = end
         for key in self.table:
             first = key[:1]
-            at = data.find(first, max(pos, len(data) - len(key) + 1))
-            while 0 <= at < end:
-                if key.startswith(data[at:]):
-                    end = at
+            at = data.find(first, max(pos, end - len(key) + 1), end)
+            while 0 <= at < hold:
+                if key.startswith(data[at:end]):
+                    hold = at
                     break
-                at = data.find(first, at + 1)
-        return end
+                at = data.find(first, at + 1, end)
+        return hold
 
     def flush(self) -> bytes:
         """The bytes held back, once the stream has ended (no match can complete now)."""
