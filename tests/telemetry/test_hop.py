@@ -221,3 +221,49 @@ def test_span_names_keep_few_values() -> None:
         "/v1/sandboxes/{sandbox_id}/processes/{n}/stdin"
     )
     assert _route("/e2b/process.Process/Start", {}) == "/e2b/process.Process/Start"
+
+
+@pytest.mark.parametrize(
+    ("values", "kept"),
+    [
+        ([b"vendor=opaque,other@tenant=x y"], [("vendor", "opaque"), ("other@tenant", "x y")]),
+        ([b"a=1", b" , b=2"], [("a", "1"), ("b", "2")]),
+        ([b"a=1,a=2"], []),  # a key twice
+        ([b"A=1"], []),  # upper case
+        ([b"a=1,\x1b[31mforged=line"], []),  # the whole header dropped, not just the member
+        ([b"a=" + b"x" * 600], []),  # past 512 bytes
+        ([b",".join(b"k%d=v" % i for i in range(33))], []),  # more than 32 members
+    ],
+)
+def test_a_callers_tracestate_is_checked_quietly(
+    values: list[bytes], kept: list[tuple[str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    from sandcell.telemetry.otel import trace_state
+
+    caplog.set_level("DEBUG")
+    assert list(trace_state(values).items()) == kept
+    assert caplog.records == []  # no caller's text in the logs
+
+
+@pytest.mark.anyio
+async def test_the_callers_trace_and_tracestate_travel_on_under_the_hops_span(
+    tmp_path: Path, tracing: Recorded
+) -> None:
+    from opentelemetry import context
+
+    from sandcell.telemetry.otel import remote_parent
+
+    caller = remote_parent([(b"traceparent", TRACEPARENT.encode()), (b"tracestate", b"caller=1")])
+    token = context.attach(caller)  # as the router's server span of the call would be
+    try:
+        async with through_hop(_echoing_daemon(), tmp_path) as client:
+            reply = await client.post(f"/v1/sandboxes/{SANDBOX_ID}/exec", json={})
+    finally:
+        context.detach(token)
+    (hop,) = tracing.named("daemon POST /v1/exec")
+    assert hop.parent is not None and hop.parent.span_id == int(PARENT_ID, 16)
+    assert reply.json() == {
+        "traceparent": [f"00-{hop.context.trace_id:032x}-{hop.context.span_id:016x}-01"],
+        "tracestate": ["caller=1"],
+    }
+    assert f"{hop.context.trace_id:032x}" == TRACEPARENT.split("-")[1]

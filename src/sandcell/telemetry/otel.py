@@ -43,6 +43,11 @@ Exchange = Callable[["SandboxRecord", "Call"], Awaitable["Answer"]]
 _PATH_PARAM = re.compile(r"\{(\w+):path\}")
 _NUMBER = re.compile(r"(?<=/)\d+(?=/|$)")
 MAX_TRACESTATE_BYTES = 512  # W3C: a vendor may drop a longer one
+MAX_TRACESTATE_MEMBERS = 32
+_KEY = rb"[a-z0-9][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13}"
+_MEMBER = re.compile(
+    rb"(" + _KEY + rb")=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])"
+)
 
 
 def otlp_exporter(url: str) -> SpanExporter:
@@ -154,18 +159,35 @@ def remote_parent(headers: list[tuple[bytes, bytes]]) -> Context | None:
     parents = [v for n, v in headers if n == wire.TRACEPARENT]
     if len(parents) != 1 or (parsed := wire.parse_traceparent(parents[0])) is None:
         return None
-    states = [v.decode("latin-1") for n, v in headers if n == wire.TRACESTATE]
-    state = TraceState()
-    if states and sum(map(len, states)) <= MAX_TRACESTATE_BYTES:
-        state = TraceState.from_header(states)
     caller = SpanContext(
         parsed.trace_id,
         parsed.span_id,
         is_remote=True,
         trace_flags=TraceFlags(parsed.flags & TraceFlags.SAMPLED),
-        trace_state=state,
+        trace_state=trace_state([v for n, v in headers if n == wire.TRACESTATE]),
     )
     return trace.set_span_in_context(NonRecordingSpan(caller))
+
+
+def trace_state(values: list[bytes]) -> TraceState:
+    """The caller's tracestate (W3C Trace Context §3.3), checked here so that a malformed one
+    is dropped whole and quietly (the SDK's own parser logs the caller's text)."""
+    pairs: dict[str, str] = {}
+    if sum(map(len, values)) > MAX_TRACESTATE_BYTES:
+        return TraceState()
+    for value in values:
+        for member in value.split(b","):
+            member = member.strip(b" \t")
+            if not member:
+                continue
+            match = _MEMBER.fullmatch(member)
+            if match is None or len(pairs) == MAX_TRACESTATE_MEMBERS:
+                return TraceState()
+            key, item = match.group(1).decode(), match.group(2).decode()
+            if key in pairs:
+                return TraceState()
+            pairs[key] = item
+    return TraceState(list(pairs.items()))
 
 
 def _carried(call: Call, span: Span) -> list[tuple[bytes, bytes]]:
