@@ -221,6 +221,17 @@ def test_span_names_keep_few_values() -> None:
         "/v1/sandboxes/{sandbox_id}/processes/{n}/stdin"
     )
     assert _route("/e2b/process.Process/Start", {}) == "/e2b/process.Process/Start"
+    # A caller's own paths and ids never name a span.
+    for rest, named in [
+        ("ports/8080/api/users/42", "ports/{n}/{path}"),
+        ("files/list", "files/list"),
+        ("EXEC", "{path}"),
+        ("exec/" + "x" * 40, "exec/{path}"),
+        ("a/b/c/d/e/f/g/h/i", "a/b/c/d/e/f/g/h/{path}"),
+        ("sbx-\u00e9t\u00e9/x", "{path}"),
+        ("\u00b3/stdin", "{path}"),
+    ]:
+        assert _route(route, {"rest": rest}) == f"/v1/sandboxes/{{sandbox_id}}/{named}", rest
 
 
 @pytest.mark.parametrize(

@@ -225,3 +225,20 @@ def test_a_cold_create_has_its_cell_start_and_init(api: httpx.Client, receiver: 
     assert children["sandbox.claim"].attributes["sandcell.warm"] is False
     assert children["cell.init"].attributes["sandcell.sandbox_id"] == reply.json()["id"]
     assert children["cell.start"].end <= children["cell.init"].start
+
+
+def test_a_callers_path_and_ids_never_name_a_span(api: httpx.Client, receiver: Receiver) -> None:
+    traceparent = f"00-{'1' * 32}-{PARENT_ID}-01"
+    long_id = "sbx-" + "z" * 100
+    reply = api.post(
+        f"/v1/sandboxes/{long_id}/ports/8080/private-path",
+        json={},
+        headers={"traceparent": traceparent},
+    )
+    assert reply.status_code == 404
+    spans = receiver.wait_for(lambda got: any(s.trace_id == "1" * 32 for s in got))
+    (span,) = [s for s in spans if s.trace_id == "1" * 32]
+    assert span.name == "POST /v1/sandboxes/{sandbox_id}/ports/{n}/{path}"
+    assert "sandcell.sandbox_id" not in span.attributes
+    assert span.attributes["http.response.status_code"] == 404
+    assert "private-path" not in json.dumps(span.attributes) and "zzzz" not in span.name

@@ -41,9 +41,10 @@ if TYPE_CHECKING:
 
 Exchange = Callable[["SandboxRecord", "Call"], Awaitable["Answer"]]
 _PATH_PARAM = re.compile(r"\{(\w+):path\}")
-_NUMBER = re.compile(r"(?<=/)\d+(?=/|$)")
+_WORD = re.compile(r"[a-z][a-z0-9_.-]{0,31}")
 MAX_TRACESTATE_BYTES = 512  # W3C: a vendor may drop a longer one
 MAX_TRACESTATE_MEMBERS = 32
+MAX_ID = 64  # a sandbox id from a request's path is kept up to this length
 _KEY = rb"[a-z0-9][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13}"
 _MEMBER = re.compile(
     rb"(" + _KEY + rb")=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])"
@@ -145,7 +146,8 @@ class ServerSpan:
         span.set_attribute("http.response.status_code", status)
         if status >= 500:
             span.set_status(StatusCode.ERROR)
-        if isinstance(sandbox_id := params.get("sandbox_id"), str):
+        sandbox_id = params.get("sandbox_id")
+        if isinstance(sandbox_id, str) and len(sandbox_id) <= MAX_ID:  # a caller's, unchecked
             span.set_attribute("sandcell.sandbox_id", sandbox_id)
         if principal is not None:
             span.set_attribute("sandcell.principal", principal)
@@ -213,4 +215,17 @@ def _route(route: str, params: Mapping[str, Any]) -> str:
 
 
 def _templated(path: str) -> str:
-    return _NUMBER.sub("{n}", path)
+    """`path` with few distinct values: numbers as `{n}`; past a relayed port, a segment that
+    is not a short lower-case word, or eight segments, the rest as `{path}` (a caller's own
+    paths, and ids, never name a span)."""
+    kept: list[str] = []
+    for segment in path.split("/"):
+        number = segment.isascii() and segment.isdigit()
+        if kept[-2:] == ["ports", "{n}"] or len(kept) == 8:
+            kept.append("{path}")
+            break
+        if not (number or not segment or _WORD.fullmatch(segment)):
+            kept.append("{path}")
+            break
+        kept.append("{n}" if number else segment)
+    return "/".join(kept)
