@@ -119,6 +119,22 @@ def test_set_timeout_0_times_out_now(e2b_server: RunningServer, e2b_env: dict[st
         sbx.kill()
 
 
+def test_connect_while_the_timeouts_pause_runs_resumes() -> None:
+    """E2B's tests connect as soon as `is_running()` is false, while the pause may still be
+    under way: the connect waits for it, then resumes."""
+    sbx = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("/home/user/kept.txt", "kept")
+        sbx.set_timeout(0)
+        deadline = time.monotonic() + 20
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        resumed = sbx.connect()
+        assert resumed.is_running() and resumed.files.read("/home/user/kept.txt") == "kept"
+    finally:
+        sbx.kill()
+
+
 @pytest.fixture(scope="module")
 def slow_reaper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server whose reaper's regular pass is a minute apart: an end kept on time here was

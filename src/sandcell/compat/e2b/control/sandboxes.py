@@ -122,8 +122,10 @@ async def set_timeout(gateway: Gateway, principal: Principal, request: Request) 
 
 async def connect(gateway: Gateway, principal: Principal, request: Request) -> Response:
     """As E2B: a running sandbox's end moves to `timeout` from now if that is later (E2B's
-    default timeout, 300 s, when none is given); a paused one resumes with that end."""
+    default timeout, 300 s, when none is given); a paused one resumes with that end, and
+    one being paused (its timeout's pause, say) once the pause is done."""
     record = await _owned(gateway, principal, request)
+    record = await gateway.router.manager.persistence.settled(record.id)
     timeout = _timeout(await json_body(request, MAX_BODY)) or DEFAULT_TIMEOUT_S
     was_running = record.state == "running"
     if record.state == "paused":  # connecting resumes it, auto_resume or not (as E2B)
