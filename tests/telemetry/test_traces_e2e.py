@@ -56,6 +56,17 @@ def sandbox_id(api: httpx.Client) -> Iterator[str]:
     api.delete(f"/v1/sandboxes/{reply.json()['id']}")
 
 
+def _traceparent(digit: str, flags: str = "01") -> str:
+    """A traceparent of the trace id `digit` * 32 (each test its own), parent PARENT_ID."""
+    return f"00-{digit * 32}-{PARENT_ID}-{flags}"
+
+
+def _exec(
+    api: httpx.Client, sandbox_id: str, command: str = "true", **headers: str | bytes
+) -> httpx.Response:
+    return api.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"command": command}, headers=headers)
+
+
 def _children(spans: list[Received], parent: Received) -> dict[str, Received]:
     return {s.name: s for s in spans if s.parent_id == parent.span_id}
 
@@ -69,12 +80,7 @@ def _one(spans: list[Received], name: str, trace_id: str | None = None) -> Recei
 def test_an_exec_with_a_traceparent_is_one_connected_trace(
     api: httpx.Client, receiver: Receiver, sandbox_id: str
 ) -> None:
-    traceparent = f"00-{'a' * 32}-{PARENT_ID}-01"
-    reply = api.post(
-        f"/v1/sandboxes/{sandbox_id}/exec",
-        json={"command": COMMAND},
-        headers={"traceparent": traceparent, "tracestate": "vendor=opaque"},
-    )
+    reply = _exec(api, sandbox_id, COMMAND, traceparent=_traceparent("a"), tracestate="vendor=o")
     assert reply.status_code == 200 and reply.json()["stdout"] == "traced-42-marker\n"
     assert "sandcell-spans" not in reply.headers
     spans = receiver.wait_for(
@@ -128,11 +134,7 @@ def test_a_bad_traceparent_is_ignored(
     api: httpx.Client, receiver: Receiver, sandbox_id: str, bad: str
 ) -> None:
     before = len(receiver.spans)
-    reply = api.post(
-        f"/v1/sandboxes/{sandbox_id}/exec",
-        json={"command": "true"},
-        headers={"traceparent": bad.encode("utf-8")},
-    )
+    reply = _exec(api, sandbox_id, traceparent=bad.encode())
     assert reply.status_code == 200, reply.text
     spans = receiver.wait_for(
         lambda got: any(s.name == "exec.run" for s in got[before:]), timeout_s=15
@@ -146,7 +148,7 @@ def test_two_traceparents_are_as_bad_as_one_malformed(
     server: RunningServer, api: httpx.Client, receiver: Receiver, sandbox_id: str
 ) -> None:
     before = len(receiver.spans)
-    headers = [("traceparent", f"00-{'c' * 32}-{PARENT_ID}-01")] * 2
+    headers = [("traceparent", _traceparent("c"))] * 2
     with httpx.Client(base_url=server.url, headers=api.headers) as client:
         reply = client.post(
             f"/v1/sandboxes/{sandbox_id}/exec", json={"command": "true"}, headers=headers
@@ -188,20 +190,10 @@ def test_a_command_through_the_e2b_sdk_is_one_connected_trace(
 def test_an_unsampled_traceparent_is_followed_and_records_nothing(
     api: httpx.Client, receiver: Receiver, sandbox_id: str
 ) -> None:
-    unsampled = f"00-{'d' * 32}-{PARENT_ID}-00"
-    reply = api.post(
-        f"/v1/sandboxes/{sandbox_id}/exec",
-        json={"command": "true"},
-        headers={"traceparent": unsampled},
-    )
+    reply = _exec(api, sandbox_id, traceparent=_traceparent("d", flags="00"))
     assert reply.status_code == 200 and "sandcell-spans" not in reply.headers
     # A sampled call after it: once its spans are in, the unsampled one's would be too.
-    marker = f"00-{'e' * 32}-{PARENT_ID}-01"
-    api.post(
-        f"/v1/sandboxes/{sandbox_id}/exec",
-        json={"command": "true"},
-        headers={"traceparent": marker},
-    )
+    _exec(api, sandbox_id, traceparent=_traceparent("e"))
     spans = receiver.wait_for(
         lambda got: any(s.trace_id == "e" * 32 and s.name == "exec.run" for s in got)
     )
@@ -209,7 +201,7 @@ def test_an_unsampled_traceparent_is_followed_and_records_nothing(
 
 
 def test_a_cold_create_has_its_cell_start_and_init(api: httpx.Client, receiver: Receiver) -> None:
-    traceparent = f"00-{'f' * 32}-{PARENT_ID}-01"
+    traceparent = _traceparent("f")
     # An env of its own: no pooled cell fits, one is started for this sandbox.
     reply = api.post(
         "/v1/sandboxes", json={"env": {"X": "1"}}, headers={"traceparent": traceparent}
@@ -228,7 +220,7 @@ def test_a_cold_create_has_its_cell_start_and_init(api: httpx.Client, receiver: 
 
 
 def test_a_callers_path_and_ids_never_name_a_span(api: httpx.Client, receiver: Receiver) -> None:
-    traceparent = f"00-{'1' * 32}-{PARENT_ID}-01"
+    traceparent = _traceparent("1")
     long_id = "sbx-" + "z" * 100
     reply = api.post(
         f"/v1/sandboxes/{long_id}/ports/8080/private-path",
