@@ -57,29 +57,29 @@ class Side:
     def receive(self, *, wait: bool) -> bool:
         """Hands what has arrived to h11 (an end too); with `wait`, waits for the first
         byte. False when nothing had arrived."""
-        filled, ended = self._fill(CHUNK, wait=wait)
+        filled, ended = self._fill(self.buffer, wait=wait)
         if filled:
             self.conn.receive_data(cast(bytes, self.buffer[:filled]))  # h11 copies it
         if ended:
             self.conn.receive_data(b"")
         return bool(filled) or ended
 
-    def read_raw(self, limit: int) -> int:
-        """Reads up to `limit` bytes into `raw`, past h11 (a body whose length h11 has
+    def read_raw(self, buffer: bytearray, limit: int) -> int:
+        """Reads up to `limit` bytes into `buffer`, past h11 (a body whose length h11 has
         read from the head), waiting for the first; 0 at the end."""
-        return self._fill(min(limit, CHUNK), wait=True)[0]
+        return self._fill(memoryview(buffer)[:limit], wait=True)[0]
 
-    def _fill(self, limit: int, *, wait: bool) -> tuple[int, bool]:
-        """(bytes read into `raw`, whether the peer ended)."""
-        filled, ended = 0, False
+    def _fill(self, into: memoryview, *, wait: bool) -> tuple[int, bool]:
+        """(bytes read into `into`, whether the peer ended)."""
+        filled, ended, limit = 0, False, len(into)
         if wait:
-            filled = self.sock.recv_into(self.buffer[:limit])
+            filled = self.sock.recv_into(into)
             ended = not filled
         if not ended:
             self.sock.settimeout(0)
             try:
                 while filled < limit:
-                    got = self.sock.recv_into(self.buffer[filled:limit])
+                    got = self.sock.recv_into(into[filled:])
                     if not got:
                         ended = True
                         break

@@ -227,7 +227,7 @@ class Exchange:
             self.cell.send_body(echo.parts(first))
         remaining = length - len(first)
         while remaining:
-            got = upstream.read_raw(remaining)
+            got = upstream.read_raw(upstream.raw, remaining)
             if not got:
                 raise h11.RemoteProtocolError("the upstream's response ended early")
             self.cell.send_body(echo.parts(upstream.raw, got))
