@@ -51,6 +51,7 @@ LINGER_S = 0.02  # how long the first record of a batch waits for others (one co
 MAX_BATCH = 512
 MAX_BACKLOG = 20_000  # records noted and not yet stored; beyond it calls are refused
 RETRY_S = 1.0  # after a store failure
+CLOSE_WAIT_S = 10.0  # for the tasks' last store calls at shutdown
 OWNER_CACHE = 4096
 
 
@@ -125,6 +126,7 @@ class AuditTrail:
         self._owners: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._sink: IO[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = asyncio.Event()
         self.failing: str | None = None  # why the last write failed, until one succeeds
 
     # -- noting ----------------------------------------------------------------------------
@@ -211,11 +213,17 @@ class AuditTrail:
             self._tasks.append(asyncio.create_task(self._retain_loop(), name="audit-retention"))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stores what is queued and stops. The tasks are asked to end, not cancelled: a store
+        call cut in the middle can leave its connection unusable for the last flush."""
+        self._closing.set()
+        self._wake.set()
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=CLOSE_WAIT_S)
+            for task in late:
+                task.cancel()
+            for task in late:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._tasks.clear()
         try:
             await self.flush()
@@ -263,26 +271,31 @@ class AuditTrail:
         }
 
     async def _write_loop(self) -> None:
-        while True:
+        while not self._closing.is_set():
             await self._wake.wait()
             self._wake.clear()
             if self.linger_s and len(self._backlog) < MAX_BATCH:
-                await asyncio.sleep(self.linger_s)  # gather a batch: one commit for many
+                await self._pause(self.linger_s)  # gather a batch: one commit for many
             try:
                 await self.flush()
             except Exception as exc:  # kept queued, retried, told
                 if self.failing is None:
                     log.warning("audit: records not stored, kept and retried: %s", exc)
                 self.failing = str(exc) or type(exc).__name__
-                await asyncio.sleep(RETRY_S)
+                await self._pause(RETRY_S)
             if self._backlog:
                 self._wake.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Waits `seconds`, or less when the trail is closing."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
 
     async def _retain_loop(self) -> None:
         from sandcell.audit.retention import prune
 
         assert self.retention is not None
-        while True:
+        while not self._closing.is_set():
             try:
                 dropped = await prune(
                     self.store,
@@ -293,7 +306,9 @@ class AuditTrail:
                     log.info("audit retention dropped %s", dropped)
             except Exception as exc:  # the next round tries again
                 log.warning("audit retention failed: %s", exc)
-            await asyncio.sleep(self.retention.every_s)
+            if self._closing.is_set():
+                return
+            await self._pause(self.retention.every_s)
 
     def _to_sink(self, records: list[AuditRecord]) -> None:
         if self._sink is None or not records:
