@@ -42,6 +42,12 @@ async def test_tools_over_stdio(server: RunningServer, api_key: str, env: dict[s
         await exercise_named_sandboxes(session)
         assert len(session_sandboxes(server, api_key)) == 1
     wait_gone(server, api_key)
+    with server.client(api_key) as http:  # SPEC §20: the tools' actions, under the MCP's key
+        trail = http.get("/v1/audit").json()["records"]
+    assert {"sandbox.create", "exec", "file.write", "sandbox.delete"} <= {
+        r["action"] for r in trail
+    }
+    assert {r["key_name"] for r in trail if r["action"] == "exec"} == {"mcp-test_tools_over_stdio"}
 
 
 async def test_an_expired_session_sandbox_is_replaced(

@@ -43,6 +43,14 @@ def test_a_session_end_to_end(interpreter, server: RunningServer, api_key: str, 
         assert failed.value.exit_code == 2 and "No such file" in failed.value.stderr
     with server.client(api_key) as http:  # stop() deleted the sandbox
         assert http.get(f"/v1/sandboxes/{sandbox_id}").status_code == 404
+        # SPEC §20: each action through the façade is in the trail, without the payload
+        trail = http.get("/v1/audit", params={"sandbox": sandbox_id}).json()["records"]
+    actions = {r["action"] for r in trail}
+    assert {"sandbox.create", "exec", "file.write", "file.read", "sandbox.delete"} <= actions
+    assert {r["principal"] for r in trail} == {"agentcube-user"}
+    # the session's calls carry its id, not the key: they name the owner and no key
+    assert {r["key_name"] for r in trail if r["action"] == "sandbox.create"} == {"agentcube-user"}
+    assert "echo hi there" not in str(trail)  # a command's length and digest only
 
 
 def test_a_session_is_reused_by_id(interpreter):
