@@ -82,7 +82,8 @@ async def opened_backend(
 
 
 def audit_trail(settings: Settings, store: Store) -> AuditTrail:
-    """The audit writer of this server (SPEC §20), started and flushed by the app's lifespan."""
+    """The audit writer of this server (SPEC §20), started and flushed by the app's lifespan
+    (not made at all with `[audit] enabled = false`)."""
     audit = settings.audit
     return AuditTrail(
         store,
@@ -243,13 +244,13 @@ async def _serve(settings: Settings, options: ServeOptions) -> None:
             body_budget_bytes=settings.body_budget_bytes,
             body_budget_per_key_bytes=settings.body_budget_per_key_bytes,
         )
-        trail = audit_trail(settings, store)
+        trail = audit_trail(settings, store) if settings.audit.enabled else None
         manager.audit = uses.audit = trail
         router = Router(store, manager, limits, audit=trail)
         uses.register(router.metrics.registry)
         if isinstance(backend, LocalBackend) and backend.egress is not None:
             backend.egress.metrics.register(router.metrics.registry)
-            backend.egress.on_decision = trail.egress
+            backend.egress.on_decision = trail.egress if trail is not None else None
         api = create_app(router)
         app: ASGIApp = (
             PreviewHosts(api, settings.preview_domain) if settings.preview_domain else api

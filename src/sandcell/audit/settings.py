@@ -2,6 +2,7 @@
 retention and the writer's name. Every key is checked here; an unknown one is refused by name.
 
     [audit]
+    enabled = true             # false records nothing (a benchmark's baseline, a throwaway dev box)
     commands = "digest"        # or "full": the command text too (default: length and SHA-256)
     sink = "/var/log/sandcell/audit.jsonl"   # a copy of each record, one JSON object a line
     max_age_days = 90          # retention by age (default: keep everything)
@@ -19,7 +20,7 @@ from typing import Any
 from sandcell.audit.records import COMMAND_MODES, CommandMode
 from sandcell.audit.trail import Retention
 
-KEYS = frozenset({"commands", "sink", "max_age_days", "max_records", "writer"})
+KEYS = frozenset({"enabled", "commands", "sink", "max_age_days", "max_records", "writer"})
 MAX_WRITER = 128
 
 
@@ -29,6 +30,7 @@ class AuditConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class AuditSettings:
+    enabled: bool = True
     commands: CommandMode = "digest"
     sink: Path | None = None
     max_age_days: float | None = None
@@ -51,6 +53,9 @@ def parse_audit(table: dict[str, Any], base: Path | None) -> AuditSettings:
     unknown = set(table) - KEYS
     if unknown:
         raise AuditConfigError(f"[audit]: unknown keys {sorted(unknown)}")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise AuditConfigError("[audit] enabled must be true or false")
     commands = table.get("commands", "digest")
     if commands not in COMMAND_MODES:
         raise AuditConfigError(f"[audit] commands must be one of {sorted(COMMAND_MODES)}")
@@ -69,4 +74,7 @@ def parse_audit(table: dict[str, Any], base: Path | None) -> AuditSettings:
     path = None if sink is None else Path(sink)
     if path is not None and not path.is_absolute() and base is not None:
         path = base / path
-    return AuditSettings(commands, path, age, count, writer)
+    if not enabled and len(table) > 1:
+        others = sorted(set(table) - {"enabled"})
+        raise AuditConfigError(f"[audit] enabled = false: {others} cannot take effect")
+    return AuditSettings(enabled, commands, path, age, count, writer)
