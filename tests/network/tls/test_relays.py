@@ -45,17 +45,17 @@ def sockets_open() -> set[str]:
     return found
 
 
-async def tunnel(secrets, port: int, host: str = "api.test"):
+async def tunnel(secrets, port: int, host: str = "api.test", sandbox_id: str = "sbx-a"):
     """A CONNECT through the proxy and the cell's TLS on it: (reader, writer), or the
     proxy's answer (bytes) when it refused."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", secrets.ports["sbx-a"])
+    reader, writer = await asyncio.open_connection("127.0.0.1", secrets.ports[sandbox_id])
     writer.write(f"CONNECT {host}:{port} HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     if not head.startswith(b"HTTP/1.1 200"):
         rest = await asyncio.wait_for(reader.read(), 10)
         writer.close()
         return head + rest
-    trust = ssl.create_default_context(cafile=str(secrets.bundle()))
+    trust = ssl.create_default_context(cafile=str(secrets.bundle(sandbox_id)))
     await writer.start_tls(trust, server_hostname=host)
     return reader, writer
 
@@ -85,6 +85,21 @@ async def test_past_the_bound_a_connect_is_refused_by_name(secrets, api_alone):
     again = await tunnel(secrets, api_alone.port)
     assert isinstance(again, tuple) and (await get(*again)).startswith(b"HTTP/1.1 200")
     again[1].close()
+
+
+async def test_one_sandbox_holds_a_quarter_of_the_relays_at_most(secrets, api_alone):
+    secrets.substitution.relays.limit = 8
+    secrets.allow(api_alone.port, sandbox_id="sbx-b")
+    secrets.bindings["sbx-b"] = (binding(),)
+    held = [await tunnel(secrets, api_alone.port) for _ in range(2)]
+    assert all(isinstance(h, tuple) for h in held)
+    refused = await tunnel(secrets, api_alone.port)
+    assert isinstance(refused, bytes) and refused.startswith(b"HTTP/1.1 503")
+    assert b"this sandbox holds 2 connections to hosts with secrets" in refused
+    other = await tunnel(secrets, api_alone.port, sandbox_id="sbx-b")  # another's share
+    assert isinstance(other, tuple) and (await get(*other)).startswith(b"HTTP/1.1 200")
+    for _, writer in [*held, other]:
+        writer.close()
 
 
 async def test_a_client_that_stalls_in_its_handshake_is_timed_out(secrets, api_alone):
@@ -205,3 +220,21 @@ async def test_bytes_past_a_responses_length_are_not_relayed(secrets, silent, si
     assert isinstance(events[0], h11.Response) and events[0].status_code == 200
     assert b"".join(e.data for e in events if isinstance(e, h11.Data)) == body
     assert isinstance(events[-1], h11.EndOfMessage)
+
+
+async def test_uses_are_recorded_in_the_event_loops_thread(secrets, api_alone):
+    """The recorder feeds the audit trail, whose wake-up is an asyncio.Event: a relay's
+    thread hands each use to the loop, never calls it itself."""
+    threads = []
+
+    def recorder(*use):
+        threads.append(threading.current_thread())
+        secrets.uses.append(use)
+
+    secrets.substitution.record_use = recorder
+    reader, writer = await tunnel(secrets, api_alone.port)
+    assert (await get(reader, writer)).startswith(b"HTTP/1.1 200")
+    writer.close()
+    await eventually(lambda: bool(threads))
+    assert threads == [threading.main_thread()]
+    assert secrets.uses[-1][1:] == ("API_TOKEN", "api.test", "substituted")

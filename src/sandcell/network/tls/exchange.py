@@ -24,7 +24,7 @@ import h11
 
 from sandcell.network.tls.blocking import Side, wait_readable
 from sandcell.network.tls.rewrite import HostRules, Refusal, Rewriter
-from sandcell.network.tls.substitution import Substitution
+from sandcell.secrets.bindings import UseRecorder
 
 MAX_REWRITTEN_BODY = 16 * 1_048_576
 # A response whose length an echo could change is read whole up to this size (its length
@@ -37,13 +37,13 @@ FRAMING = {b"content-length", b"transfer-encoding"}
 class Exchange:
     def __init__(
         self,
-        substitution: Substitution,
+        record: UseRecorder,
         sandbox_id: str,
         rules: HostRules,
         cell: Side,
         upstream: Side,
     ) -> None:
-        self.substitution = substitution
+        self.record = record  # safe from this thread (the loop's own runs it)
         self.sandbox_id = sandbox_id
         self.rules = rules
         self.cell = cell
@@ -51,7 +51,7 @@ class Exchange:
 
     def _record(self, names: set[str]) -> None:
         for name in sorted(names):
-            self.substitution.record(self.sandbox_id, name, self.rules.host, "substituted")
+            self.record(self.sandbox_id, name, self.rules.host, "substituted")
 
     def run(self) -> None:
         """Request after request on the same two connections, until either side closes."""
@@ -247,9 +247,7 @@ class Exchange:
 
     def _refused(self, refusal: Refusal) -> bool:
         if refusal.secret:
-            self.substitution.record(
-                self.sandbox_id, refusal.secret, self.rules.host, refusal.decision
-            )
+            self.record(self.sandbox_id, refusal.secret, self.rules.host, refusal.decision)
         self._answer(403, f"refused by sandcell's secret substitution: {refusal.reason}")
         return False
 

@@ -31,6 +31,7 @@ from sandcell.network.tls.exchange import Exchange
 from sandcell.network.tls.relays import Relay
 from sandcell.network.tls.rewrite import HostRules
 from sandcell.network.tls.substitution import Substitution
+from sandcell.secrets.bindings import Decision as Use
 
 if TYPE_CHECKING:
     from sandcell.network.egress import EgressService
@@ -56,11 +57,10 @@ async def relay(
     from sandcell.network.egress import Refused
 
     relays = substitution.relays
-    held = relays.reserve()
-    if held is None:
-        reason = f"the relay to hosts with secrets holds {relays.limit} connections, its bound"
-        log.warning("egress sandbox=%s host=%s: refused: %s", sandbox_id, rules.host, reason)
-        await refuse(503, reason)
+    held = relays.reserve(sandbox_id)
+    if isinstance(held, str):
+        log.warning("egress sandbox=%s host=%s: refused: %s", sandbox_id, rules.host, held)
+        await refuse(503, held)
         return
     try:
         try:
@@ -82,6 +82,12 @@ async def relay(
         bytes_out = service.metrics.bytes.labels("out").inc
         bytes_in = service.metrics.bytes.labels("in").inc
 
+        loop = asyncio.get_running_loop()
+
+        def record(sandbox: str, secret: str, host: str, decision: Use) -> None:
+            # The recorder is the loop's (the audit trail wakes an asyncio.Event).
+            loop.call_soon_threadsafe(substitution.record, sandbox, secret, host, decision)
+
         def serve() -> None:
             tls = held.swap(
                 plain, context.wrap_socket(plain, server_side=True, do_handshake_on_connect=False)
@@ -91,7 +97,7 @@ async def relay(
                 tls.do_handshake()
                 cell_side = Side(h11.SERVER, tls, idle, bytes_in)
                 upstream_side = Side(h11.CLIENT, upstream, idle, bytes_out)
-                Exchange(substitution, sandbox_id, rules, cell_side, upstream_side).run()
+                Exchange(record, sandbox_id, rules, cell_side, upstream_side).run()
             finally:
                 _goodbye(tls)
                 _goodbye(upstream)

@@ -82,22 +82,31 @@ def _shut(sock: socket.socket) -> None:
 class Relays:
     def __init__(self, limit: int = MAX_RELAYS) -> None:
         self.limit = limit
-        self._live: set[Relay] = set()
+        self._live: dict[Relay, str] = {}  # each relay, and the sandbox it serves
 
     def __len__(self) -> int:
         return len(self._live)
 
-    def reserve(self) -> Relay | None:
-        """A place for one more connection, None at the bound."""
+    def share(self) -> int:
+        """What one sandbox may hold: a quarter of the bound, so one cannot take them all."""
+        return max(1, self.limit // 4)
+
+    def reserve(self, sandbox_id: str) -> Relay | str:
+        """A place for one more connection of `sandbox_id`, or why there is none."""
         if len(self._live) >= self.limit:
-            return None
+            return f"the relay to hosts with secrets holds {self.limit} connections, its bound"
+        if sum(1 for s in self._live.values() if s == sandbox_id) >= self.share():
+            return (
+                f"this sandbox holds {self.share()} connections to hosts with secrets, "
+                "its share of the relay"
+            )
         relay = Relay()
-        self._live.add(relay)
+        self._live[relay] = sandbox_id
         return relay
 
     def release(self, relay: Relay) -> None:
         relay.close()
-        self._live.discard(relay)
+        self._live.pop(relay, None)
 
     async def run(self, relay: Relay, work: Callable[[], T], name: str) -> T:
         """`work()` in a new thread; the caller waits without holding the loop. Cancelled,
