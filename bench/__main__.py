@@ -14,7 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import code, datapaths, e2bsdk, egress, figures, persistence, processes, traces
+from bench import (
+    audit,
+    code,
+    datapaths,
+    e2bsdk,
+    egress,
+    figures,
+    persistence,
+    processes,
+    traces,
+)
 from bench.markdown import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -69,6 +79,7 @@ ALONE: dict[str, Callable[[Path, Sizes], Rows]] = {
     "start": lambda tmp, z: figures.cell_start_and_memory(z.starts),
     "egress": lambda tmp, z: egress.figures(size_mib=z.stream_mb, repeats=z.repeats * 2, n=z.n),
     "traces": lambda tmp, z: traces.figures(tmp, z.n),  # exec with telemetry on, beside off
+    "audit": lambda tmp, z: audit.figures(tmp, z.n),  # exec with the audit trail on, beside off
 }
 
 

@@ -2,8 +2,8 @@
 same figure of a server with telemetry off, in the same run.
 
 Two servers, one without `[telemetry]`, one exporting OTLP/HTTP to a receiver on loopback
-(it decodes what it gets, as a collector would, and counts the spans). The execs alternate
-between them in blocks, so a machine's drift falls on both figures alike.
+(it decodes what it gets, as a collector would, and counts the spans), their execs
+interleaved (`bench.paired`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench.figures import WARMUP, Row, Server, process_cpu_s, row
-from bench.stats import sample_ms
-
-BLOCK = 50  # execs on one server before the other's turn
+from bench.figures import Row, Server
+from bench.paired import interleaved_execs
 
 
 class Receiver:
@@ -65,7 +63,16 @@ def figures(tmp: Path, n: int) -> list[Row]:
     on = None
     try:
         on = Server(tmp / "on", 1, f'\n[telemetry]\notlp_endpoint = "{receiver.url}"\n')
-        rows = _interleaved(off, on, n)
+        rows = interleaved_execs(
+            off,
+            on,
+            n,
+            (
+                "exec true through the router, telemetry off",
+                "exec true through the router, telemetry on (OTLP/HTTP to a loopback receiver)",
+            ),
+            "reported (SPEC §20)",
+        )
     finally:
         for server in (off, on):
             if server is not None:
@@ -74,33 +81,3 @@ def figures(tmp: Path, n: int) -> list[Row]:
     rows[1]["spans_received"] = receiver.spans
     rows[1]["exec_run_spans_received"] = receiver.runs  # of n + WARMUP execs
     return rows
-
-
-def _interleaved(off: Server, on: Server, n: int) -> list[Row]:
-    sandboxes = {id(off): off.create(), id(on): on.create()}
-    samples: dict[int, list[float]] = {id(off): [], id(on): []}
-    cpu = {id(off): 0.0, id(on): 0.0}
-    for server in (off, on):
-        sample_ms(lambda s=server: s.exec_true(sandboxes[id(s)]), 0, WARMUP)
-    done = 0
-    while done < n:
-        block = min(BLOCK, n - done)
-        for server in (off, on):
-            before = process_cpu_s(server.srv.proc.pid)
-            samples[id(server)] += sample_ms(
-                lambda s=server: s.exec_true(sandboxes[id(s)]), block, 0
-            )
-            cpu[id(server)] += process_cpu_s(server.srv.proc.pid) - before
-        done += block
-    for server in (off, on):
-        server.delete(sandboxes[id(server)])
-    base = row("exec true through the router, telemetry off", samples[id(off)])
-    traced = row(
-        "exec true through the router, telemetry on (OTLP/HTTP to a loopback receiver)",
-        samples[id(on)],
-        base,
-        "reported (SPEC §20)",
-    )
-    for out, server in ((base, off), (traced, on)):
-        out["router_cpu_ms_per_exec"] = round(cpu[id(server)] * 1000 / n, 3)
-    return [base, traced]
