@@ -32,14 +32,19 @@ def test_a_symlink_is_followed_for_its_type_and_target(sbx: Sandbox) -> None:
     assert (info.type, info.symlink_target) == (FileType.FILE, "/home/user/links/target.txt")
     chained = sbx.files.get_info("/home/user/links/sub/two")  # a link to a link
     assert (chained.type, chained.symlink_target) == (FileType.FILE, "/home/user/links/target.txt")
-    sbx.commands.run("ln -s missing links/dangling && ln -s /etc/hostname links/out")
+    sbx.commands.run(
+        "ln -s missing links/dangling && ln -s /etc/hostname links/root"
+        " && ln -s /proc/self/environ links/out"
+    )
     dangling = sbx.files.get_info("/home/user/links/dangling")
     assert (dangling.type, dangling.symlink_target) == (
         FileType.SYMLINK,
         "/home/user/links/missing",
     )
+    root = sbx.files.get_info("/home/user/links/root")  # the cell's root: read-only, reached
+    assert (root.type, root.symlink_target) == (FileType.FILE, "/etc/hostname")
     out = sbx.files.get_info("/home/user/links/out")  # beyond the files API: left a symlink
-    assert (out.type, out.symlink_target) == (FileType.SYMLINK, "/etc/hostname")
+    assert (out.type, out.symlink_target) == (FileType.SYMLINK, "/proc/self/environ")
     listed = {e.name: (e.type, e.symlink_target) for e in sbx.files.list("/home/user/links")}
     assert listed["one"] == (FileType.FILE, "/home/user/links/target.txt")
 
