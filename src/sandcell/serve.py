@@ -199,6 +199,22 @@ async def _watching(server: Server, store: Store) -> AsyncIterator[None]:
             loop.remove_signal_handler(sig)
 
 
+async def host_manager(settings: Settings, store: Store, backend: Backend) -> Manager:
+    """The manager of this host's cells (pools, reaper, persistence), as `sandcell serve` and
+    `sandcell node` run it; exits with STARTUP_FAILURE when the store is unreachable."""
+    return Manager(
+        store,
+        backend,
+        settings.templates,
+        await _bootstrap_key(store, settings),
+        init_timeout_s=settings.init_timeout_s,
+        reap_interval_s=settings.reap_interval_s,
+        images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
+        snapshot_quota_bytes=settings.snapshot_quota_mb * MIB,
+        max_paused_per_key=settings.max_paused_per_key,
+    )
+
+
 async def serve(settings: Settings, options: ServeOptions | None = None) -> None:
     options = options or ServeOptions()
     configure_logging(settings.log_format, options.log_level, options.access_log)
@@ -223,17 +239,7 @@ def _traced(settings: Settings) -> Iterator[None]:
 async def _serve(settings: Settings, options: ServeOptions) -> None:
     uses = SecretUses()  # counted in /metrics, kept for the audit trail (SPEC §17)
     async with opened_store(settings) as store, opened_backend(settings, store, uses) as backend:
-        manager = Manager(
-            store,
-            backend,
-            settings.templates,
-            await _bootstrap_key(store, settings),
-            init_timeout_s=settings.init_timeout_s,
-            reap_interval_s=settings.reap_interval_s,
-            images=TemplateImages.under(settings.data_dir) if settings.backend == "local" else None,
-            snapshot_quota_bytes=settings.snapshot_quota_mb * MIB,
-            max_paused_per_key=settings.max_paused_per_key,
-        )
+        manager = await host_manager(settings, store, backend)
         limits = Limits(
             max_inflight=settings.max_inflight,
             max_sandboxes_per_key=settings.max_sandboxes_per_key,

@@ -33,12 +33,15 @@ def _tls_context() -> ssl.SSLContext:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """Where a daemon listens: a unix socket (local cells) or a TCP address (pods). Stored
-    in a sandbox's record as a plain mapping; read back through `of`."""
+    """Where a daemon listens: a unix socket (local cells), a TCP address (pods), or a cell
+    on a node, reached through its relay (`node` its API's host:port, SPEC §18). Stored in a
+    sandbox's record as a plain mapping; read back through `of`."""
 
     uds: str | None = None
     host: str = ""
     port: int = 0
+    node: str | None = None
+    sandbox: str = ""
 
     @classmethod
     def of(cls, raw: Endpoint | Mapping[str, Any]) -> Endpoint:
@@ -46,6 +49,8 @@ class Endpoint:
             return raw
         if "uds" in raw:
             return cls(uds=str(raw["uds"]))
+        if "node" in raw:
+            return cls(node=str(raw["node"]), sandbox=str(raw.get("sandbox", "")))
         try:
             return cls(host=str(raw["host"]), port=int(raw["port"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -53,12 +58,14 @@ class Endpoint:
 
     @property
     def base_url(self) -> str:
-        if self.uds is not None:
+        if self.uds is not None or self.node is not None:
             return DAEMON_BASE_URL
         return f"http://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
 
 
 def _transport_options(endpoint: Endpoint) -> dict[str, Any]:
+    if endpoint.node is not None:
+        raise ValueError("a cell on a node is reached through `dialer` only")
     if endpoint.uds is not None:
         return {"uds": endpoint.uds, "verify": _tls_context()}
     # Small request/response pairs: never wait for Nagle's algorithm.
@@ -92,6 +99,10 @@ def dialer(raw: Endpoint | Mapping[str, Any]) -> tuple[Dial, bytes]:
             return await asyncio.get_running_loop().create_unix_connection(factory, path)
 
         return dial, host
+    if endpoint.node is not None:
+        from sandcell.node.dial import node_dialer  # TLS and the cluster's files when used
+
+        return node_dialer(endpoint.node, endpoint.sandbox), host
     address = (endpoint.host, endpoint.port)
 
     async def dial_tcp(factory: Callable[[], asyncio.Protocol]) -> tuple[Any, Any]:

@@ -29,6 +29,7 @@ class _Commands(LazyGroup):
         "secrets": "secrets",
         "cluster": "cluster",
         "nodes": "nodes",
+        "node": "node",
         "audit": "audit",
     }
 
