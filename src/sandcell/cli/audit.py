@@ -70,7 +70,7 @@ def tail(
                 since=None if after else start, after=after, **query, api_key=api_key, url=url
             )
         for rec in page["records"]:
-            typer.echo(json.dumps(rec, sort_keys=True))
+            typer.echo(json.dumps(rec, sort_keys=True, separators=(",", ":")))
         if page["records"]:
             after = cursor_after(page["records"][-1])
         if page["next"]:
