@@ -164,6 +164,12 @@ def test_curl_on_the_images_own_path_gets_the_value_substituted(sandbox, upstrea
     seen = upstream.seen.requests[-1]
     assert seen["path"] == "/image" and seen["headers"]["authorization"] == f"Bearer {VALUE}"
     assert VALUE not in out["stdout"] and "sandcell-secret-API_TOKEN-" in out["stdout"]
+    # SPEC §20: the use is in the trail, by name and host, never by value
+    uses = c.get("/v1/audit", params={"sandbox": sbx, "action": "secret.use"}).json()["records"]
+    assert {"secret": "API_TOKEN", "host": "localhost", "decision": "substituted"} in [
+        r["touched"] for r in uses
+    ]
+    assert VALUE not in str(uses) and {r["principal"] for r in uses} == {"alice"}
     # The image's own CA alone does not vouch for the proxy's certificate.
     run(c, sbx, f"printf %s {shlex.quote(IMAGE_CA.pem().decode())} > /tmp/image-ca.pem")
     out = run(c, sbx, f"env {unset} {curl} -sS --cacert /tmp/image-ca.pem {url}; echo $?")
