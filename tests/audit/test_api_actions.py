@@ -305,3 +305,37 @@ def test_tail_follows_new_records(server: RunningServer, keys: dict[str, str]) -
     finally:
         tail.terminate()
         tail.wait(10)
+
+
+def test_key_commands_on_the_host_are_recorded(server: RunningServer, keys: dict[str, str]) -> None:
+    """`sandcell keys` has no API key: its records name the host's user, in a chain of the
+    host's commands; two at once both land, the chain intact."""
+    makes = [
+        subprocess.Popen(
+            [
+                sandcell_bin(),
+                "keys",
+                "create",
+                name,
+                "--data-dir",
+                str(server.data_dir),
+                "--config",
+                str(server.config),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        for name in ("carol", "dave")
+    ]
+    assert [p.wait(60) for p in makes] == [0, 0]
+    server.revoke_key("carol")
+    with server.client(keys["root"]) as http:
+        made = audit(http, action="key.create")
+        revoked = audit(http, action="key.revoke")
+    names = {r["touched"]["key"] for r in made}
+    assert {"alice", "bob", "ops", "carol", "dave"} <= names
+    assert {r["principal"] for r in made} == {"operator:root"}
+    assert {r["writer"].split("@")[0] for r in made} == {"operator"}
+    assert [r["touched"] for r in revoked] == [{"key": "carol"}]
+    with server.client(keys["alice"]) as http:
+        assert audit(http, action="key.create") == []  # the operator's, not alice's
+    test_the_trail_of_a_real_run_verifies(server, {})

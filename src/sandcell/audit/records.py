@@ -75,6 +75,8 @@ TOUCHED_FIELDS: frozenset[str] = frozenset(
         "timeout_s",
         "child",
         "snapshot",
+        "key",
+        "admin",
     }
 )
 

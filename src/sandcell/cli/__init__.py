@@ -179,8 +179,18 @@ def keys_create(
     key = new_api_key(e2b=e2b)
 
     async def create() -> None:
+        from sandcell.audit.operator import record_operator
+
         async with opened_store(_settings(config, data_dir)) as store:
-            await store.put_api_key(ApiKeyRecord(name, name, hash_api_key(key), admin, time.time()))
+            touched: dict[str, str | int] = {"key": name, "admin": int(admin)}
+            try:
+                await store.put_api_key(
+                    ApiKeyRecord(name, name, hash_api_key(key), admin, time.time())
+                )
+            except ApiKeyExistsError:
+                await record_operator(store, "key.create", touched, status=409)
+                raise
+            await record_operator(store, "key.create", touched)
 
     try:
         asyncio.run(create())
@@ -214,8 +224,12 @@ def keys_revoke(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None
     from sandcell.serve import opened_store
 
     async def revoke() -> bool:
+        from sandcell.audit.operator import record_operator
+
         async with opened_store(_settings(config, data_dir)) as store:
-            return await store.revoke_api_key(name)
+            done = await store.revoke_api_key(name)
+            await record_operator(store, "key.revoke", {"key": name}, 200 if done else 404)
+            return done
 
     if not asyncio.run(revoke()):
         typer.echo(f"sandcell: no key named {name!r}", err=True)
