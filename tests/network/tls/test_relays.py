@@ -5,6 +5,7 @@ request's body is all sent still reaches the client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import socket
@@ -120,6 +121,7 @@ class Silent:
 
     context: ssl.SSLContext
     answer: bytes = b""
+    hang_up: bool = False  # closes once it has answered (unread bytes make that a reset)
     release: threading.Event = dataclasses.field(default_factory=threading.Event)
     heads: list[bytes] = dataclasses.field(default_factory=list)
 
@@ -134,16 +136,17 @@ class Silent:
             self.heads.append(head)
             if self.answer:
                 tls.sendall(self.answer)
-            self.release.wait(10)
+            if not self.hang_up:
+                self.release.wait(10)
 
 
 @pytest.fixture
 def silent(secrets, test_ca) -> Iterator[Callable[[bytes], tuple[Silent, int]]]:
     started: list[tuple[Silent, socket.socket, threading.Thread]] = []
 
-    def make(answer: bytes = b"") -> tuple[Silent, int]:
+    def make(answer: bytes = b"", hang_up: bool = False) -> tuple[Silent, int]:
         listener = socket.create_server(("127.0.0.1", 0))
-        upstream = Silent(test_ca.server_context("api.test"), answer)
+        upstream = Silent(test_ca.server_context("api.test"), answer, hang_up)
         thread = threading.Thread(target=upstream.serve, args=(listener,), daemon=True)
         thread.start()
         started.append((upstream, listener, thread))
@@ -182,6 +185,33 @@ async def test_a_response_before_the_body_is_all_sent_reaches_the_client(secrets
     assert got.startswith(b"HTTP/1.1 413")
     assert await asyncio.wait_for(reader.read(), 10) == b""  # the request is incomplete: closed
     writer.close()
+    await eventually(lambda: not relay_threads())
+
+
+async def test_a_response_then_a_hang_up_while_the_body_is_sent_reaches_the_client(secrets, silent):
+    """The upstream answers and closes while the relay is still sending it the body: the
+    write fails (a reset), and the response it had sent is relayed all the same."""
+    answer = b"HTTP/1.1 413 Too Large\r\ncontent-length: 4\r\nconnection: close\r\n\r\nbig!"
+    _, port = silent(answer, hang_up=True)
+    reader, writer = await tunnel(secrets, port)
+    head = f"POST /up HTTP/1.1\r\nhost: api.test\r\nx-key: {PLACEHOLDER}\r\n"
+    writer.write((head + "content-length: 50000000\r\n\r\n").encode())
+    got = b""
+
+    async def send() -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(200):  # 50 MB, far more than the sockets between hold
+                writer.write(bytes(250_000))
+                await writer.drain()
+
+    sending = asyncio.ensure_future(send())
+    try:
+        got = await asyncio.wait_for(reader.readuntil(b"big!"), 10)
+    finally:
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        writer.close()
+    assert got.startswith(b"HTTP/1.1 413")
     await eventually(lambda: not relay_threads())
 
 

@@ -13,7 +13,8 @@ naming the secret and the host.
 
 One thread serves both directions: while a request body streams, the upstream is looked at
 between chunks, so a `100 Continue` is passed on and a response that begins before the body
-is all sent is relayed (the connection then ends, as the request is incomplete).
+is all sent is relayed, even once the upstream has closed on the rest (the connection then
+ends, as the request is incomplete).
 """
 
 from __future__ import annotations
@@ -162,13 +163,27 @@ class Exchange:
                     return early
                 continue
             if isinstance(event, h11.Data):
-                self.upstream.send_body(body.parts(event.data))
+                try:
+                    self.upstream.send_body(body.parts(event.data))
+                except OSError:  # a reset: the upstream may have answered and closed
+                    if (answer := self._answer_after_reset()) is None:
+                        raise
+                    return answer
             elif isinstance(event, h11.EndOfMessage):
                 _finish(self.upstream, body)
                 self._record_body(body)
                 return None
             else:
                 raise h11.RemoteProtocolError("the request ended before its body")
+
+    def _answer_after_reset(self) -> object | None:
+        """The response an upstream sent before it closed on a body it would not read (the
+        kernel still holds what came before the reset), if it sent one."""
+        try:
+            event = self.upstream.ready_event()
+        except (OSError, h11.ProtocolError):
+            return None
+        return event if isinstance(event, h11.Response) else None
 
     def _upstream_early(self) -> object | None:
         """Waits until the cell sends more of its body or the upstream answers: a 100 is
