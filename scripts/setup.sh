@@ -18,6 +18,8 @@ command -v busybox >/dev/null || need_apt+=(busybox-static)
 # The E2B version matrix's npm rows (tests/compat/e2b/node): the JS SDKs under Node.
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v npm >/dev/null || need_apt+=(npm)
+# The console's browser tests (tests/console): Debian's Chromium, driven by Playwright.
+command -v chromium >/dev/null || need_apt+=(chromium)
 # Another apt (unattended-upgrades, cloud-init, a second setup) may hold the locks: wait for
 # it, up to 10 minutes, instead of failing at once.
 APT_LOCK_WAIT_S=600
@@ -47,3 +49,6 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,interpreter,mcp,telemetry]'
 # typescript code contexts: the `typescript` package beside the driver, from its lockfile.
 npm ci --prefix src/sandcell/daemon/code --ignore-scripts --no-audit --no-fund --loglevel=error
+# The console's JavaScript (xterm.js), from its lockfile, into the package's static/vendor/.
+npm ci --prefix src/sandcell/console/web --ignore-scripts --no-audit --no-fund --loglevel=error
+.venv/bin/python -m sandcell.console.vendor >/dev/null

@@ -12,9 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount
 
 from sandcell import __version__
 from sandcell.compat import agentcube, e2b
+from sandcell.console import session as console_session
+from sandcell.console.app import create_console
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import parse_model, read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS, error_response
@@ -224,7 +227,13 @@ def create_app(router: Router) -> Starlette:
 
     handlers = {**EXCEPTION_HANDLERS, **dict.fromkeys(STORE_OUTAGES, _store_unavailable)}
     app = Starlette(
-        routes=[*routes(OPERATIONS), *e2b.NOT_SERVED, *network.WEBSOCKET_ROUTES, websocket.ROUTE],
+        routes=[
+            *routes(OPERATIONS),
+            *e2b.NOT_SERVED,
+            *network.WEBSOCKET_ROUTES,
+            websocket.ROUTE,
+            Mount("/ui", create_console(router)),  # the web console (SPEC §19)
+        ],
         exception_handlers=handlers,
         lifespan=lifespan,
     )
@@ -236,5 +245,6 @@ def create_app(router: Router) -> Starlette:
         bearer_format="API key",
         schemes=e2b.SECURITY_SCHEMES,
     )
+    app.add_middleware(console_session.WebSocketToken)
     app.add_middleware(RequestContext, router=router)
     return app

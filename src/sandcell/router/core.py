@@ -36,6 +36,7 @@ from sandcell.audit import calls as audit_calls
 from sandcell.audit.trail import CALLER, AuditTrail, Caller, recorded, status_of
 from sandcell.cellapi.client import dialer
 from sandcell.cellapi.limits import answer_within_s
+from sandcell.console import session as console_session
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.hop import request_target_bytes
 from sandcell.http.upstream import (
@@ -370,12 +371,16 @@ class Router:
 
     async def authenticate(self, conn: HTTPConnection, api_key: str | None = None) -> Principal:
         """The principal of the request's Bearer API key (or of `api_key`, which a façade
-        found in a header of its own protocol), holding nothing yet."""
+        found in a header of its own protocol), else of the console's session cookie (with
+        its CSRF checks), holding nothing yet."""
         client = conn.client.host if conn.client else "unknown"
         authorization = (
             conn.headers.get("authorization") if api_key is None else f"Bearer {api_key}"
         )
-        principal = await self.auth.authenticate(authorization, client)
+        if console_session.presented(conn, api_key):  # the console's cookie (SPEC §19)
+            principal, _ = await console_session.principal(conn, self.store)
+        else:
+            principal = await self.auth.authenticate(authorization, client)
         CALLER.set(Caller(principal.name, principal.key_name))  # this request's task only
         return principal
 
