@@ -82,6 +82,7 @@ def _answer(got: bytes) -> tuple[int, dict]:
         (b"CONNECT /elsewhere:443 HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),
         (b"CONNECT /cells/../x HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),
         (b"HELLO\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET /v1/node HTTP/1.1\r\nx: " + b"a" * 20_000 + b"\r\n\r\n", 400, "BAD_REQUEST"),
         (b"GET /v1/node HTTP/1.0\r\n\r\n", 400, "BAD_REQUEST"),
         (b"GET /v1/node HTTP/1.1\r\nno colon here\r\n\r\n", 400, "BAD_REQUEST"),
         (b"GET /v1/node HTTP/1.1\r\nx: 1\r\nX: 2\r\n\r\n", 400, "BAD_REQUEST"),
@@ -153,6 +154,16 @@ def test_the_relay_reaches_the_cell_and_the_daemon_checks_each_token(node: Runni
                     assert answer.status == 200
                     bodies.append(await answer.read())
                     answer.release()
+                # A large answer comes through byte for byte, as on the cell's own socket.
+                many = {"command": "seq 1 300000"}
+                large = []
+                for endpoint in (on_node, stored.endpoint):
+                    record_at = dataclasses.replace(stored, endpoint=endpoint)
+                    answer = await hop.exchange(record_at, Call.json("POST", "/v1/exec", many))
+                    large.append(await answer.read())
+                    answer.release()
+                assert len(large[0]) > 1_000_000
+                assert json.loads(large[0])["stdout"] == json.loads(large[1])["stdout"]
                 # A sandbox the node does not run: the relay refuses, and says so.
                 dial_other, _ = dialer({"node": node.address, "sandbox": "sbx-0000000000000000"})
                 with pytest.raises(UpstreamError, match=r"404 Not Found: sandbox sbx-0+ is not"):

@@ -11,8 +11,9 @@ first, in order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
+from collections.abc import Callable
+from typing import Any
 
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.manager.backend import Backend
@@ -21,7 +22,6 @@ from sandcell.store.records import PAUSED_STATES, SandboxRecord
 
 from .wire import TUNNEL_OPEN, bad
 
-CHUNK = 64 * 1024
 _TARGET = re.compile(r"/cells/([A-Za-z0-9_-]{1,64})")
 
 
@@ -63,40 +63,60 @@ async def socket_of(store: Store, backend: Backend, sandbox_id: str) -> str:
     return uds
 
 
-async def relay(
-    client: tuple[asyncio.StreamReader, asyncio.StreamWriter], uds: str, sandbox_id: str
-) -> None:
-    """Opens the tunnel to `uds` and pipes both ways until either side ends."""
+async def splice(transport: Any, leftover: Callable[[], bytes], uds: str, sandbox_id: str) -> None:
+    """Opens the tunnel from the router's `transport` (reading paused) to the daemon at
+    `uds`, what `leftover` gives (bytes the router sent past its CONNECT, taken once the
+    transport is the tunnel's) first, and pipes both ways
+    until either side ends. Transport to transport, with no copy through a stream and no
+    task switch per chunk: the relay is on every request's path."""
+    loop = asyncio.get_running_loop()
     try:
-        daemon = await asyncio.open_unix_connection(uds)
+        daemon_transport, daemon = await loop.create_unix_connection(lambda: _Pipe(transport), uds)
     except OSError as exc:
         raise ServiceError(
             ErrorCode.SANDBOX_UNREACHABLE,
             f"sandbox {sandbox_id}'s daemon does not answer",
             {"sandbox_id": sandbox_id},
         ) from exc
-    reader, writer = client
-    writer.write(TUNNEL_OPEN)
+    router = _Pipe(daemon_transport)
+    transport.set_protocol(router)
+    transport.write(TUNNEL_OPEN)
+    if early := leftover():
+        daemon_transport.write(early)
+    transport.resume_reading()
     try:
-        async with asyncio.TaskGroup() as pipes:
-            pipes.create_task(_pipe(reader, daemon[1]))
-            pipes.create_task(_pipe(daemon[0], writer))
+        await asyncio.wait((router.done, daemon.done), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        daemon[1].close()
-        with contextlib.suppress(OSError):
-            await daemon[1].wait_closed()
+        daemon_transport.close()
+        transport.close()
 
 
-async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    """Copies until `source` ends, then half-closes `sink` (an HTTP/1.1 client never waits on
-    that, so the other direction still ends the tunnel)."""
-    try:
-        while data := await source.read(CHUNK):
-            sink.write(data)
-            await sink.drain()
-        if sink.can_write_eof():
-            sink.write_eof()
-        else:
-            sink.close()  # TLS has no half-close: the tunnel ends here
-    except (ConnectionError, OSError):
-        sink.close()
+class _Pipe(asyncio.Protocol):
+    """One direction's reader: what its transport receives goes to `peer`; when the peer's
+    buffer fills, the other side's reading pauses (each side's `pause_writing` reaches the
+    protocol of the transport that is full)."""
+
+    def __init__(self, peer: Any) -> None:
+        self.peer = peer
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.peer.write(data)
+
+    def eof_received(self) -> bool:
+        if self.peer.can_write_eof():  # the daemon's socket: half-closed, its answer still comes
+            self.peer.write_eof()
+            return True
+        self.peer.close()  # TLS has no half-close: the tunnel ends here
+        return False
+
+    def pause_writing(self) -> None:
+        self.peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.peer.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.peer.close()
+        if not self.done.done():
+            self.done.set_result(None)

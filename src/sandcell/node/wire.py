@@ -1,5 +1,5 @@
-"""The node API's HTTP/1.1, on asyncio streams: one request head read within bounds, and the
-answers, in the spec's error shape for a refusal.
+"""The node API's HTTP/1.1: one request parsed within bounds, and the answers, in the spec's
+error shape for a refusal.
 
 The node API is not an ASGI app: ASGI has no way to hand a connection's raw bytes over after
 a `CONNECT`, and the relay is most of what a node serves. Control calls are few and small, so
@@ -9,7 +9,6 @@ only; the relay is one `CONNECT` per connection, after which the bytes are the c
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from sandcell.errors import ErrorCode, ServiceError
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1 << 20
-HEAD_TIMEOUT_S = 10.0  # a router sends its head at once; a silent client is cut here
+REQUEST_TIMEOUT_S = 10.0  # a router sends a request at once; a silent client is cut here
 _REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) ([\x21-\x7e]{1,2048}) HTTP/1\.1")
 _HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
 
@@ -45,21 +44,16 @@ class Request:
             raise bad("the body is not JSON") from None
 
 
-async def read_request(reader: asyncio.StreamReader) -> Request | None:
-    """The next request, or None if the client closed before sending one. Refuses (a 400
-    ServiceError, 413 for a large body) what is not a plain HTTP/1.1 request."""
-    try:
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
-            head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise bad("the request head ended early") from None
-    except asyncio.LimitOverrunError:
-        raise ServiceError(ErrorCode.BAD_REQUEST, "the request head is too large") from None
-    except TimeoutError:
-        raise bad("no request head in time") from None
-    line, *lines = head[:-4].split(b"\r\n")
+def parse(buffer: bytes) -> tuple[Request, int] | None:
+    """The request at the start of `buffer` and how many bytes it took, or None while it is
+    incomplete. Refuses (a 400 ServiceError, 413 for a large body) what is not a plain
+    HTTP/1.1 request."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0 and len(buffer) <= MAX_HEAD_BYTES:
+        return None
+    if not 0 <= end <= MAX_HEAD_BYTES:
+        raise bad("the request head is too large")
+    line, *lines = buffer[:end].split(b"\r\n")
     matched = _REQUEST_LINE.fullmatch(line)
     if matched is None:
         raise bad("not an HTTP/1.1 request line")
@@ -72,11 +66,15 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
         if name in headers:
             raise bad(f"header {name!r} is repeated")
         headers[name] = field[2].decode()
-    method, target = matched[1].decode(), matched[2].decode()
-    return Request(method, target, headers, await _body(reader, headers))
+    start = end + 4
+    length = _length(headers)
+    if len(buffer) < start + length:
+        return None
+    body = buffer[start : start + length]
+    return Request(matched[1].decode(), matched[2].decode(), headers, body), start + length
 
 
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+def _length(headers: dict[str, str]) -> int:
     if "transfer-encoding" in headers:
         raise bad("a chunked body is not taken here: send content-length")
     length = headers.get("content-length", "0")
@@ -84,11 +82,7 @@ async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
         raise bad("content-length is not a number")
     if int(length) > MAX_BODY_BYTES:
         raise ServiceError(ErrorCode.PAYLOAD_TOO_LARGE, f"a body of at most {MAX_BODY_BYTES} bytes")
-    try:
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
-            return await reader.readexactly(int(length))
-    except (asyncio.IncompleteReadError, TimeoutError):
-        raise bad("the body ended early") from None
+    return int(length)
 
 
 def answer(status: int, payload: Any = None) -> bytes:
