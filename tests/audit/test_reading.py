@@ -61,3 +61,29 @@ async def test_pages_cover_everything_once(store: Store) -> None:
         cursor = page.next
     assert seen == [r for r in made if r.action == "exec"]
     assert len(seen) == 10
+
+
+async def test_pages_of_one_principal_across_writers_with_ties(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three writers whose clocks tie (four records an instant), two principals, many more
+    records than a page or the Redis index's read: every page in order, none twice."""
+    monkeypatch.setattr("sandcell.store.redis.AUDIT_SCAN", 5)
+    for writer in ("router-a", "router-b", "node-1"):
+        log = AuditLog(store, writer, clock=iter([1000.0 + i // 4 for i in range(60)]).__next__)
+        for i in range(60):
+            await log.append("exec", principal="alice" if i % 3 else "bob", key_name="k")
+    for principal in ("alice", "bob"):
+        whole = (await store.list_audit(AuditQuery(principal=principal, limit=1000))).records
+        assert len(whole) == 3 * (40 if principal == "alice" else 20)
+        assert whole == sorted(whole, key=lambda r: (r.at, r.writer, r.seq))
+        seen: list[AuditRecord] = []
+        cursor = None
+        while True:
+            query = AuditQuery(principal=principal, after=cursor, limit=7, since=1002.0)
+            page = await store.list_audit(query)
+            seen += page.records
+            if page.next is None:
+                break
+            cursor = page.next
+        assert seen == [r for r in whole if r.at >= 1002.0]

@@ -20,6 +20,8 @@ Key layout (the `{...}` part is the hash tag that picks the Redis Cluster slot):
     sandcell:{nodes}:names         set     the roster's names (same slot: one script)
     sandcell:audit:{<writer>}:records  hash  seq -> the AuditRecord's canonical JSON (SPEC §20)
     sandcell:audit:{<writer>}:head     hash  AuditHead's fields (same slot: one script)
+    sandcell:audit:{<writer>}:at       zset  seq by time: the writer's records in time order
+    sandcell:audit:{<writer>}:p:<principal>  zset  the same for one principal's records
     sandcell:{audit}:writers       set     the writers that have a chain
 
 Each sandbox is one hash in a slot of its own, holding its session key too, so one DEL removes
@@ -70,6 +72,7 @@ from sandcell.audit.records import (
     AuditRecord,
     order_key,
     page_of,
+    parse_cursor,
 )
 
 from .base import (
@@ -104,6 +107,7 @@ IDLE_INDEX = "sandcell:{idx}:idle"
 API_KEY_NAMES = "sandcell:{apikeys}:names"
 NODE_NAMES = "sandcell:{nodes}:names"
 AUDIT_WRITERS = "sandcell:{audit}:writers"
+AUDIT_SCAN = 500  # records read at a time from a writer's time index
 SNAPSHOT_INDEX = "sandcell:{idx}:snaps"
 
 _SBX_FIELDS = SandboxRecord.fields()
@@ -208,18 +212,25 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('SADD', KEYS[2], ARGV[1])
 return redis.call('HGETALL', KEYS[1])
 """
-# KEYS: a writer's audit records and head (one slot). ARGV: GENESIS, then per record its seq,
-# prev, hash and JSON. Appends the run only if each record follows the one before, the first
-# the head; returns -1 if it did, else the head's seq (nothing written).
+# KEYS: a writer's audit records, head and time index (one slot), then each record's principal
+# index. ARGV: GENESIS, then per record its seq, prev, hash, JSON and time. Appends the run
+# only if each record follows the one before, the first the head; returns -1 if it did, else
+# the head's seq (nothing written).
 _APPEND_AUDIT = """
 local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
 local head = redis.call('HGET', KEYS[2], 'hash') or ARGV[1]
 local at, last = seq, head
-for i = 2, #ARGV, 4 do
+for i = 2, #ARGV, 5 do
   if tonumber(ARGV[i]) ~= at + 1 or ARGV[i + 1] ~= last then return seq end
   at, last = at + 1, ARGV[i + 2]
 end
-for i = 2, #ARGV, 4 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 3]) end
+local n = 0
+for i = 2, #ARGV, 5 do
+  n = n + 1
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 3])
+  redis.call('ZADD', KEYS[3], ARGV[i + 4], ARGV[i])
+  redis.call('ZADD', KEYS[3 + n], ARGV[i + 4], ARGV[i])
+end
 redis.call('HSET', KEYS[2], 'seq', at, 'hash', last)
 redis.call('HSETNX', KEYS[2], 'anchor_seq', 1)
 redis.call('HSETNX', KEYS[2], 'anchor_prev', ARGV[1])
@@ -287,6 +298,12 @@ def _node_key(name: str) -> str:
 def _audit_keys(writer: str) -> tuple[str, str]:
     """A writer's records and head, in one slot."""
     return (f"sandcell:audit:{{{writer}}}:records", f"sandcell:audit:{{{writer}}}:head")
+
+
+def _audit_index(writer: str, principal: str | None = None) -> str:
+    """A writer's records in time order (seq by `at`), all or one principal's (same slot)."""
+    base = f"sandcell:audit:{{{writer}}}"
+    return f"{base}:at" if principal is None else f"{base}:p:{principal}"
 
 
 def _audit_record(raw: bytes | str | None) -> AuditRecord | None:
@@ -700,8 +717,10 @@ class RedisStore(Store):
         await self._r.sadd(AUDIT_WRITERS, writer)  # the index first: no chain unlisted
         args = [GENESIS]
         for rec in records:
-            args += [str(rec.seq), rec.prev, rec.hash, rec.to_json()]
-        seq = await self._r.eval(_APPEND_AUDIT, 2, *_audit_keys(writer), *args)
+            args += [str(rec.seq), rec.prev, rec.hash, rec.to_json(), repr(rec.at)]
+        keys = [*_audit_keys(writer), _audit_index(writer)]
+        keys += [_audit_index(writer, rec.principal) for rec in records]
+        seq = await self._r.eval(_APPEND_AUDIT, len(keys), *keys, *args)
         if int(seq) >= 0:
             raise AuditConflictError(
                 f"audit writer {writer!r} is at seq {seq}: seq {records[0].seq} does not"
@@ -733,15 +752,36 @@ class RedisStore(Store):
         return [(p, _audit_record(v)) for p, v in zip(positions, values, strict=True)]
 
     async def list_audit(self, query: AuditQuery) -> AuditPage:
-        # Reads every record of every writer: a first cut, fine for the trail of one
-        # deployment's retention window; an index per sandbox and time would come first.
+        """Each writer's time index (its principal's, when the query names one) from the
+        query's start, read a batch at a time until it has a page of matches; the writers'
+        matches merged in order."""
         matching: list[AuditRecord] = []
         for writer in await self.audit_writers():
-            values = await self._r.hvals(_audit_keys(writer)[0])
-            records = (_audit_record(v) for v in values)
-            matching += (r for r in records if r is not None and query.matches(r))
+            matching += await self._audit_matches(writer, query)
         matching.sort(key=order_key)
         return page_of(matching[: query.limit + 1], query.limit)
+
+    async def _audit_matches(self, writer: str, query: AuditQuery) -> list[AuditRecord]:
+        low = max(
+            query.since if query.since is not None else float("-inf"),
+            parse_cursor(query.after)[0] if query.after is not None else float("-inf"),
+        )
+        high = f"({query.until!r}" if query.until is not None else "+inf"
+        index, records_key = _audit_index(writer, query.principal), _audit_keys(writer)[0]
+        found: list[AuditRecord] = []
+        offset = 0
+        while True:
+            seqs = await self._r.zrangebyscore(index, repr(low), high, start=offset, num=AUDIT_SCAN)
+            if not seqs:
+                return found
+            offset += len(seqs)
+            values = await self._r.hmget(records_key, seqs)
+            for rec in map(_audit_record, values):
+                if rec is None or not query.matches(rec):
+                    continue
+                if len(found) > query.limit and rec.at > found[-1].at:
+                    return found  # a page and one, and every record of the last one's time
+                found.append(rec)
 
     async def prune_audit(self, writer: str, keep_from: int) -> int:
         head = await self.audit_head(writer)
@@ -763,7 +803,13 @@ class RedisStore(Store):
         await self._r.hset(head_key, mapping={"anchor_seq": keep_from, "anchor_prev": anchor_prev})
         gone = [p for p in await self._audit_positions(writer) if p < keep_from]
         for start in range(0, len(gone), 1000):
-            await self._r.hdel(records, *map(str, gone[start : start + 1000]))
+            batch = [str(p) for p in gone[start : start + 1000]]
+            owners = {
+                r.principal for r in map(_audit_record, await self._r.hmget(records, batch)) if r
+            }
+            for index in [_audit_index(writer), *(_audit_index(writer, p) for p in owners)]:
+                await self._r.zrem(index, *batch)
+            await self._r.hdel(records, *batch)
         return len(gone)
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -180,6 +180,7 @@ CREATE TABLE IF NOT EXISTS audit_records (  -- the audit trail (SPEC §20), sinc
 ) STRICT;
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit_records (at, writer, seq);
 CREATE INDEX IF NOT EXISTS audit_by_sandbox ON audit_records (sandbox_id, at, writer, seq);
+CREATE INDEX IF NOT EXISTS audit_by_principal ON audit_records (principal, at, writer, seq);
 CREATE TABLE IF NOT EXISTS audit_heads (  -- where each writer's chain stands (7)
     writer      TEXT PRIMARY KEY,
     seq         INTEGER NOT NULL,
