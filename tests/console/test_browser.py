@@ -82,6 +82,11 @@ def test_sign_in_terminal_resize_files_delete_sign_out(page: Page, alice: str) -
     expect(page.locator("#list-page")).to_be_visible()
     expect(page.locator(f'#sandboxes tr[data-id="{sandbox_id}"]')).to_have_count(0)
 
+    # Signed in, the browser's own navigation to the API is still not let in.
+    api_page = page.context.new_page()
+    assert api_page.goto("/v1/sandboxes").status == 403
+    api_page.close()
+
     page.click("#sign-out")
     expect(page.locator("#sign-in-page")).to_be_visible()
     status = page.evaluate("fetch('/v1/sandboxes').then(r => r.status)")

@@ -122,6 +122,17 @@ def test_a_websocket_upgrade_needs_the_token_and_the_origin(
         c.delete(f"/v1/sandboxes/{sandbox_id}", headers=good)
 
 
+def test_a_navigation_is_not_authenticated_by_the_cookie(
+    session: tuple[httpx.Client, str],
+) -> None:
+    """A browser's navigation (or embed) to the API gets no session: a sandbox's own page,
+    behind one of its ports, never runs at the console's origin as the user."""
+    c, _ = session
+    for mode in ("navigate", "no-cors"):
+        _refused(c.get("/v1/sandboxes", headers={"sec-fetch-mode": mode}), 403, mode)
+    assert c.get("/v1/sandboxes", headers={"sec-fetch-mode": "cors"}).status_code == 200
+
+
 @pytest.mark.slow  # two runs of `sandcell keys`
 def test_a_revoked_keys_session_stops_at_once(server: RunningServer) -> None:
     key = server.create_key("carol")

@@ -7,7 +7,8 @@ looks the key hash up again, so a revoked key's session stops at once, as a Bear
 
 A cookie goes with every request the browser makes to this host, a forged one included, so a
 state-changing call (POST, PUT, PATCH, DELETE) and every WebSocket upgrade made with it must
-also carry the session's CSRF token and come from the server's own Origin. A page cannot set
+also carry the session's CSRF token and come from the server's own Origin, and a browser's
+navigation is never authenticated by it (`check_fetch_mode`). A page cannot set
 headers on a WebSocket, so there the token travels as a subprotocol,
 `sandcell.csrf.<token>` beside `sandcell.console` (see `WebSocketToken`).
 """
@@ -39,6 +40,7 @@ SUBPROTOCOL = "sandcell.console"  # what the server answers an upgrade that carr
 TOKEN_PROTOCOL = "sandcell.csrf."  # noqa: S105 - a prefix; the CSRF token follows
 SESSION_TTL_S = 12 * 3600
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+FETCH_MODES = frozenset({"cors", "same-origin", "websocket"})  # what a page's script makes
 _SECRET_NAME = "console-session-key"  # noqa: S105 - a name; sealed in the store, shared by replicas
 _AAD = b"sandcell.console.session.v1"
 _SCOPE_TOKEN = "sandcell.console.csrf"  # noqa: S105 - scope key for an upgrade's token
@@ -88,6 +90,7 @@ def presented(conn: HTTPConnection, api_key: str | None) -> bool:
 async def principal(conn: HTTPConnection, store: Store) -> tuple[Principal, Session]:
     """The principal of `conn`'s session cookie, its CSRF token and Origin checked where the
     call changes state; the spec's 401 or 403 otherwise."""
+    check_fetch_mode(conn)
     session = await read(store, conn.cookies.get(COOKIE, ""))
     if session is None:
         raise ServiceError(ErrorCode.UNAUTHENTICATED, "the console session is invalid or expired")
@@ -104,6 +107,19 @@ async def principal(conn: HTTPConnection, store: Store) -> tuple[Principal, Sess
         else:
             check_token(conn.headers.get(CSRF_HEADER), session, "X-CSRF-Token")
     return Principal(record.principal, record.admin, record.name), session
+
+
+def check_fetch_mode(conn: HTTPConnection) -> None:
+    """403 for what a browser did not fetch from a page's script: a navigation (typed URL,
+    link, frame) or an embed. The cookie then never shows a sandbox's own page (a server
+    behind one of its ports) at the console's origin, where its script could act as the user.
+    Clients that send no Sec-Fetch-Mode (none but browsers do) are not asked."""
+    mode = conn.headers.get("sec-fetch-mode")
+    if mode is not None and mode not in FETCH_MODES:
+        raise ServiceError(
+            ErrorCode.FORBIDDEN,
+            f"the console's session works for the page's own calls, not for Sec-Fetch-Mode {mode}",
+        )
 
 
 def check_token(sent: str | None, session: Session, where: str) -> None:

@@ -112,9 +112,12 @@ async function listFiles(id) {
       const li = document.createElement("li");
       if (entry.type === "file") {
         const link = document.createElement("a");
-        link.href = `${path}?path=${encodeURIComponent(entry.path)}`;
-        link.download = entry.name;
+        link.href = "#";
         link.textContent = entry.name;
+        link.addEventListener("click", (event) => {
+          event.preventDefault();
+          download(`${path}?path=${encodeURIComponent(entry.path)}`, entry.name).catch(report);
+        });
         li.append(link, ` (${entry.size} bytes)`);
       } else {
         li.textContent = `${entry.name}/`;
@@ -122,6 +125,19 @@ async function listFiles(id) {
       return li;
     }),
   );
+}
+
+// Fetched by script (the session cookie authenticates no navigation), then saved from an
+// opaque blob: a file from a sandbox is never rendered at the console's origin.
+async function download(url, name) {
+  const response = await fetch(url, { credentials: "same-origin" });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  const blob = new Blob([await response.arrayBuffer()], { type: "application/octet-stream" });
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = name;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
 }
 
 async function openSandbox(id) {
