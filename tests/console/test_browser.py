@@ -130,6 +130,21 @@ def test_sandbox_metadata_renders_inert(page: Page, server: RunningServer, alice
             api.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
+def test_pause_and_resume_from_the_list(page: Page, server: RunningServer, alice: str) -> None:
+    with server.client(alice) as api:
+        sandbox_id = api.post("/v1/sandboxes", json={}).json()["id"]
+    try:
+        sign_in(page, alice)
+        row = page.locator(f'#sandboxes tr[data-id="{sandbox_id}"]')
+        row.locator("button.pause").click()
+        expect(row.locator(".state")).to_have_text("paused", timeout=30_000)
+        row.locator("button.resume").click()
+        expect(row.locator(".state")).to_have_text("running", timeout=30_000)
+    finally:
+        with server.client(alice) as api:
+            api.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 def test_every_console_response_carries_the_policy(server: RunningServer) -> None:
     with server.client() as c:
         for path in ("/ui/", "/ui/static/console.js", "/ui/static/vendor/xterm.mjs", "/ui/session"):

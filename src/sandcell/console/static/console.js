@@ -88,12 +88,10 @@ async function refreshList() {
     cell(row, age(sbx.created_at));
     const meta = Object.entries(sbx.metadata).map(([k, v]) => `${visible(k)}=${visible(v)}`);
     cell(row, meta.join("\n"), "meta");
-    const remove = document.createElement("button");
-    remove.type = "button";
-    remove.textContent = "Delete";
-    remove.className = "delete";
-    remove.addEventListener("click", () => deleteSandbox(sbx.id).catch(report));
-    row.insertCell().append(remove);
+    const actions = row.insertCell();
+    const action = { running: "pause", paused: "resume" }[sbx.state];
+    if (action) actions.append(button(action, () => lifecycle(sbx.id, action)));
+    actions.append(button("delete", () => deleteSandbox(sbx.id)));
     return row;
   });
   $("sandboxes").replaceChildren(...rows);
@@ -101,6 +99,23 @@ async function refreshList() {
   // How long a refresh takes, whole and its rendering alone (read by the tests).
   performance.measure("sandboxes-refresh", { start: asked });
   performance.measure("sandboxes-render", { start: answered });
+}
+
+function button(name, act) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = name;
+  b.textContent = name[0].toUpperCase() + name.slice(1);
+  b.addEventListener("click", () => {
+    b.disabled = true;
+    act().catch(report).finally(() => { b.disabled = false; });
+  });
+  return b;
+}
+
+async function lifecycle(id, action) {
+  await api("POST", `/v1/sandboxes/${encodeURIComponent(id)}/${action}`, {});
+  await refreshList();
 }
 
 async function deleteSandbox(id) {
