@@ -94,7 +94,8 @@ def start_node(root: Path, cluster: Cluster, name: str = "node-a") -> RunningNod
     config = root / "node.toml"
     config.write_text(SMALL_TEMPLATE.format(warm_pool=0))
     port = free_port()
-    log = root / "node.log"
+    log = root / "node.log"  # a restart appends: only what this start writes counts
+    start = log.stat().st_size if log.exists() else 0
     args = [sandcell_bin(), "node", "--member", str(cluster.member("node", name))]
     args += ["--port", str(port), "--data-dir", str(data_dir), "--config", str(config)]
     args += ["--label", "zone=test", "--cells", "8"]
@@ -105,7 +106,7 @@ def start_node(root: Path, cluster: Cluster, name: str = "node-a") -> RunningNod
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandcell node exited: {log.read_text()[-3000:]}")
-        if b"serving routers" in log.read_bytes():
+        if b"serving routers" in log.read_bytes()[start:]:
             return node
         time.sleep(0.05)
     node.stop()

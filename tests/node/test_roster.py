@@ -4,6 +4,7 @@ the roster after a clean stop, and unreachable by itself once killed."""
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from sandcell.store.nodes import HEARTBEAT_INTERVAL_S, LIVENESS_WINDOW_S
 
-from .conftest import Cluster, RunningNode, start_node
+from .conftest import Cluster, RunningNode, exchange, start_node
 
 
 def _entry(node: RunningNode) -> dict | None:
@@ -69,3 +70,37 @@ def test_a_killed_node_turns_unreachable_within_the_heartbeat_window(
     )
     assert gone is not None
     assert time.monotonic() - killed_at >= LIVENESS_WINDOW_S - HEARTBEAT_INTERVAL_S
+
+
+@pytest.mark.slow
+def test_a_stop_ends_open_tunnels_and_the_next_start_adopts_the_cell(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    node = start_node(tmp_path, cluster)
+    sandbox_id = node.create()["id"]
+    node.created.clear()  # it stays running across the restart, as with `serve`
+    raw = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+    with node.router_context().wrap_socket(raw, server_hostname="127.0.0.1") as tunnel:
+        tunnel.sendall(f"CONNECT /cells/{sandbox_id} HTTP/1.1\r\n\r\n".encode())
+        assert tunnel.recv(1024).startswith(b"HTTP/1.1 200 ")
+        assert node.stop(signal.SIGTERM) == 0  # not held up by the tunnel left open
+        assert tunnel.recv(1024) == b""  # which the node ended
+    assert b"1 sandbox running for the next start to adopt" in node.log.read_bytes()
+
+    again = start_node(tmp_path, cluster)
+    try:
+        got = exchange(again.router_context(), again.port, _exec_through(sandbox_id))
+        assert b"HTTP/1.1 401 " in got  # through the relay to the adopted cell's daemon
+        assert _entry(again)["live_cells"] == 1
+        again.created.append(sandbox_id)  # deleted by the stop
+    finally:
+        assert again.stop(signal.SIGTERM) == 0
+
+
+def _exec_through(sandbox_id: str) -> bytes:
+    body = b'{"command": "true"}'
+    return (
+        f"CONNECT /cells/{sandbox_id} HTTP/1.1\r\n\r\n"
+        "POST /v1/exec HTTP/1.1\r\nhost: sandcell-daemon\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
