@@ -45,6 +45,18 @@ def test_the_cookie_is_sealed_http_only_and_strict(server: RunningServer, alice:
     assert alice not in cookie and alice.removeprefix("sc_") not in cookie
 
 
+def test_over_tls_the_cookie_is_secure(server: RunningServer, alice: str) -> None:
+    """Behind a TLS front on loopback (whose X-Forwarded-Proto the server trusts), the
+    request came over TLS: the cookie is `Secure` and the server's own origin is https."""
+    https = server.url.replace("http://", "https://")
+    with httpx.Client(base_url=server.url, headers={"x-forwarded-proto": "https"}) as c:
+        r = c.post("/ui/session", data={"api_key": alice}, headers={"origin": https})
+        assert r.status_code == 200, r.text
+        assert "Secure" in r.headers["set-cookie"]
+        r = c.post("/ui/session", data={"api_key": alice}, headers={"origin": server.url})
+        _refused(r, 403, f"must come from {https}")
+
+
 def test_reads_need_no_token(session: tuple[httpx.Client, str]) -> None:
     c, _ = session
     assert c.get("/v1/sandboxes").status_code == 200
