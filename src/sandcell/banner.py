@@ -19,7 +19,8 @@ log = logging.getLogger("sandcell.serve")
 
 def listen_url(settings: Settings) -> str:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    return f"http://{host}:{settings.port}"
+    scheme = "https" if settings.tls_files is not None else "http"
+    return f"{scheme}://{host}:{settings.port}"
 
 
 def store_label(settings: Settings) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,19 @@ async def opened_backend(
         yield backend
     finally:
         await backend.aclose()
+
+
+def _tls_factory(
+    settings: Settings,
+) -> Callable[[uvicorn.Config, Callable[[], ssl.SSLContext]], ssl.SSLContext] | None:
+    """The listener's TLS context when `[server] tls_cert_file` is set (checked already when
+    the configuration was read), for uvicorn to wrap its sockets in."""
+    files = settings.tls_files
+    if files is None:
+        return None
+    from sandcell.http.tls import server_context
+
+    return lambda _config, _default: server_context(*files)
 
 
 def audit_trail(settings: Settings, store: Store) -> AuditTrail:
@@ -277,6 +291,10 @@ async def _serve(settings: Settings, options: ServeOptions) -> None:
             # connection while a client reuses it loses that request (httpx keeps 5 s).
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=GRACE_S,
+            # Each request in a context of its own: a pipelined one would otherwise start in
+            # its predecessor's (its caller, its trace).
+            reset_contextvars=True,
+            ssl_context_factory=_tls_factory(settings),
         )
         quiet_repeats()  # after uvicorn.Config has set up its loggers
         loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]

@@ -47,6 +47,8 @@ SERVER_KEYS = {
     "egress_max_connections_per_key",
     "cors_origins",
     "upstream_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
 }
 MIB = 1_048_576
 
@@ -90,6 +92,8 @@ class Settings:
     # CAs the secret-substituting proxy trusts upstream beyond the host's store (SPEC §17)
     upstream_ca_file: Path | None = None
     audit: AuditSettings = field(default_factory=AuditSettings)  # SPEC §20
+    # The router's own listener over TLS: the certificate chain and its key (both, or neither)
+    tls_files: tuple[Path, Path] | None = None
     otlp_endpoint: str = ""  # traces exported over OTLP/HTTP there (SPEC §20); "" is off
 
     @property
@@ -137,6 +141,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
         cors_origins=_origins(server),
         upstream_ca_file=_upstream_ca_file(server, config),
         audit=_audit(raw, config),
+        tls_files=_tls_files(server, config),
         otlp_endpoint=_otlp_endpoint(raw),
     )
     if settings.log_format not in ("text", "json"):
@@ -146,6 +151,25 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     if settings.backend not in BACKENDS:
         raise ConfigError(f"[server] backend must be one of {list(BACKENDS)}")
     return settings
+
+
+def _tls_files(server: dict[str, Any], config: Path | None) -> tuple[Path, Path] | None:
+    """The listener's certificate and key, relative to the config file's directory; both or
+    neither, checked now (`http.tls.server_context`)."""
+    cert, key = server.get("tls_cert_file"), server.get("tls_key_file")
+    if cert is None and key is None:
+        return None
+    if not isinstance(cert, str) or not cert or not isinstance(key, str) or not key:
+        raise ConfigError("[server] tls_cert_file and tls_key_file go together, each a path")
+    from sandcell.http.tls import ServerTLSError, server_context
+
+    base = config.parent if config is not None else Path()
+    files = (base / cert, base / key)
+    try:
+        server_context(*files)
+    except ServerTLSError as exc:
+        raise ConfigError(str(exc)) from None
+    return files
 
 
 def _audit(raw: dict[str, Any], config: Path | None) -> AuditSettings:

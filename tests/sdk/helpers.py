@@ -25,10 +25,12 @@ def stop_and_clean(server: RunningServer) -> None:
 
 
 def served(
-    base: Path, warm_pool: int = 0, config_text: str | None = None
+    base: Path, warm_pool: int = 0, config_text: str | None = None, tls_ca: Path | None = None
 ) -> Iterator[RunningServer]:
     """A `sandcell serve` with its data under `base`, for a fixture to yield."""
-    server = start_server(base / "data", warm_pool=warm_pool, config_text=config_text)
+    server = start_server(
+        base / "data", warm_pool=warm_pool, config_text=config_text, tls_ca=tls_ca
+    )
     try:
         yield server
     finally:

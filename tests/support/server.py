@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ class RunningServer:
     data_dir: Path
     config: Path
     log: Path
+    verify: ssl.SSLContext | bool = True  # trusting a TLS listener's CA
 
     def create_key(self, name: str, admin: bool = False, e2b: bool = False) -> str:
         args = [
@@ -83,7 +85,7 @@ class RunningServer:
 
     def client(self, key: str | None = None, timeout: float = 60) -> httpx.Client:
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=self.verify)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -102,6 +104,7 @@ def start_server(
     warm_pool: int = 0,
     port: int | None = None,
     extra_env: dict[str, str] | None = None,
+    tls_ca: Path | None = None,
 ) -> RunningServer:
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir.parent / f"{data_dir.name}.toml"
@@ -125,13 +128,17 @@ def start_server(
             stderr=subprocess.STDOUT,
             env=env,
         )
-    server = RunningServer(proc, f"http://127.0.0.1:{port}", data_dir, config, log)
+    verify: ssl.SSLContext | bool = True
+    scheme = "http"
+    if tls_ca is not None:
+        scheme, verify = "https", ssl.create_default_context(cafile=tls_ca)
+    server = RunningServer(proc, f"{scheme}://127.0.0.1:{port}", data_dir, config, log, verify)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandcell serve exited: {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
+            if httpx.get(f"{server.url}/readyz", timeout=1, verify=verify).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

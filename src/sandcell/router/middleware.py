@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandcell import telemetry
+from sandcell.audit.trail import CALLER
 from sandcell.errors import ErrorCode, error_body
 from sandcell.http.errors import CLIENT_CLOSED
 from sandcell.logs import printable
@@ -41,6 +42,10 @@ class RequestContext:
         self.inflight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A request's task may start in the context of the one before it on its connection
+        # (uvicorn starts a pipelined request from the last one's response): who called then
+        # is not who calls now.
+        CALLER.set(None)
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

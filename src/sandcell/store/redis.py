@@ -775,7 +775,9 @@ class RedisStore(Store):
             if not seqs:
                 return found
             offset += len(seqs)
-            values = await self._r.hmget(records_key, seqs)
+            values = await self._r.hmget(
+                records_key, [_text(s) for s in seqs if isinstance(s, bytes | str)]
+            )
             for rec in map(_audit_record, values):
                 if rec is None or not query.matches(rec):
                     continue
