@@ -1,5 +1,6 @@
-"""One real `sandcell serve` and one headless Chromium (Debian's, driven by Playwright) for
-the console's tests; each test gets a fresh browser context, so no cookie carries over."""
+"""One real `sandcell serve` for the console's tests, and one headless Chromium (Debian's,
+driven by Playwright) a module; each test gets a fresh browser context, so no cookie
+carries over."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def bob(server: RunningServer) -> str:
     return server.create_key("bob")
 
 
-@pytest.fixture(scope="package")
+# Per module: Playwright's sync API keeps an event loop running while it is open, which the
+# async (anyio) tests of this package could not run beside.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

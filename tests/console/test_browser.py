@@ -130,6 +130,40 @@ def test_sandbox_metadata_renders_inert(page: Page, server: RunningServer, alice
             api.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
+def test_follow_a_background_processs_log(page: Page, server: RunningServer, alice: str) -> None:
+    # Its first lines are in the buffer when the log opens; the rest come live, once the
+    # test drops a file named `go` in the workspace.
+    script = (
+        "for i in 1 2 3; do echo line-$i; done; while [ ! -e go ]; do sleep 0.05; done;"
+        " printf '%s\\033[2J\\n' \"$1\"; echo oops >&2; exit 3"
+    )
+    with server.client(alice) as api:
+        sandbox_id = api.post("/v1/sandboxes", json={}).json()["id"]
+        started = api.post(
+            f"/v1/sandboxes/{sandbox_id}/processes",
+            json={"command": ["sh", "-c", script, "sh", HOSTILE["img"]]},
+        )
+        assert started.status_code == 201, started.text
+        pid = started.json()["pid"]
+    try:
+        sign_in(page, alice)
+        page.goto(f"/ui/#/sandbox/{sandbox_id}")
+        page.locator(f'#processes tr[data-pid="{pid}"] button.log').click()
+        log = page.locator("#log")
+        expect(log).to_contain_text("line-3")
+        with server.client(alice) as api:
+            assert api.put(f"/v1/sandboxes/{sandbox_id}/files?path=go").status_code == 200
+        expect(log).to_have_attribute("data-exited", "true", timeout=10_000)
+        text = log.inner_text()
+        assert "line-1\nline-2\nline-3\n" in text
+        assert HOSTILE["img"] + "\u241b[2J" in text  # markup and escapes shown, not obeyed
+        assert "oops" in text and "[exited with 3]" in text
+        assert page.evaluate("window.__pwned === undefined")
+    finally:
+        with server.client(alice) as api:
+            api.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 def test_pause_and_resume_from_the_list(page: Page, server: RunningServer, alice: str) -> None:
     with server.client(alice) as api:
         sandbox_id = api.post("/v1/sandboxes", json={}).json()["id"]

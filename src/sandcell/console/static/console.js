@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 const session = { csrf: null, principal: null, admin: false };
 let refreshTimer = null;
 let terminal = null;
+let following = null; // the AbortController of the log being followed
 
 class SignedOut extends Error {}
 
@@ -38,7 +39,7 @@ async function api(method, path, body) {
 }
 
 function report(error) {
-  if (error instanceof SignedOut) return;
+  if (error instanceof SignedOut || error.name === "AbortError") return;
   $("error").textContent = String(error.message || error);
   $("error").hidden = false;
 }
@@ -63,6 +64,11 @@ function visible(text) {
   return String(text).replace(/[\x00-\x1f\x7f]/g, (c) =>
     String.fromCharCode(c === "\x7f" ? 0x2421 : 0x2400 + c.charCodeAt(0)),
   );
+}
+
+// Output as text: newlines and tabs kept, other control characters shown as pictures.
+function visibleOutput(text) {
+  return visible(text).replace(/\u240a/g, "\n").replace(/\u2409/g, "\t");
 }
 
 function age(createdAt) {
@@ -160,6 +166,70 @@ async function download(url, name) {
   setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
 }
 
+async function listProcesses(id) {
+  const { processes } = await api("GET", `/v1/sandboxes/${encodeURIComponent(id)}/processes`);
+  $("processes").replaceChildren(
+    ...processes.map((proc) => {
+      const row = document.createElement("tr");
+      row.dataset.pid = proc.pid;
+      cell(row, String(proc.pid));
+      const command = Array.isArray(proc.command) ? proc.command.join(" ") : proc.command;
+      cell(row, visible(command), "meta");
+      cell(row, proc.state, "state");
+      cell(row, proc.exit_code === null ? "" : String(proc.exit_code));
+      row.insertCell().append(
+        button("log", async () => {
+          followLog(id, proc.pid).catch(report); // runs as long as the process does
+        }),
+      );
+      return row;
+    }),
+  );
+}
+
+function b64bytes(text) {
+  return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+}
+
+// GET .../output?follow=true: the process's buffered output, then live, as NDJSON.
+async function followLog(id, pid) {
+  following?.abort();
+  following = new AbortController();
+  const log = $("log");
+  log.replaceChildren();
+  log.hidden = false;
+  log.dataset.pid = pid;
+  log.dataset.exited = "false";
+  const url = `/v1/sandboxes/${encodeURIComponent(id)}/processes/${pid}/output?follow=true`;
+  const response = await fetch(url, { credentials: "same-origin", signal: following.signal });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  const decoders = {};
+  let pending = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    pending += value;
+    let end;
+    while ((end = pending.indexOf("\n")) >= 0) {
+      const line = pending.slice(0, end).trim();
+      pending = pending.slice(end + 1);
+      if (!line) continue;
+      const event = JSON.parse(line);
+      if (event.data_b64 !== undefined) {
+        decoders[event.type] ??= new TextDecoder();
+        const text = decoders[event.type].decode(b64bytes(event.data_b64), { stream: true });
+        log.append(visibleOutput(text));
+      } else if (event.type === "lost") {
+        log.append(`[${event.bytes} bytes no longer kept]\n`);
+      } else if (event.type === "exit") {
+        log.append(`[exited with ${event.exit_code}]\n`);
+        log.dataset.exited = "true";
+      }
+    }
+  }
+}
+
 async function openSandbox(id) {
   show("sandbox-page");
   const sbx = await api("GET", `/v1/sandboxes/${encodeURIComponent(id)}`);
@@ -168,6 +238,7 @@ async function openSandbox(id) {
   $("sandbox-template").textContent = sbx.template;
   $("sandbox-page").dataset.id = sbx.id;
   listFiles(id).catch(report);
+  listProcesses(id).catch(report);
   terminal = await openTerminal($("terminal"), id, api, session.csrf);
 }
 
@@ -175,6 +246,9 @@ async function route() {
   clearInterval(refreshTimer);
   terminal?.close();
   terminal = null;
+  following?.abort();
+  following = null;
+  $("log").hidden = true;
   $("error").hidden = true;
   if (!session.csrf) {
     show("sign-in-page");
@@ -227,6 +301,10 @@ $("create").addEventListener("submit", (event) => {
 
 $("delete").addEventListener("click", () => {
   deleteSandbox($("sandbox-page").dataset.id).catch(report);
+});
+
+$("processes-refresh").addEventListener("click", () => {
+  listProcesses($("sandbox-page").dataset.id).catch(report);
 });
 
 $("upload").addEventListener("submit", (event) => {
