@@ -171,7 +171,7 @@ def _on_signal(server: Server, sig: signal.Signals) -> None:
     server.should_exit = True
 
 
-async def _farewell(manager: Manager, cleanup: bool) -> None:
+async def farewell(manager: Manager, cleanup: bool) -> None:
     """After the server stopped (the warm pools are drained): say what stays running."""
     try:
         ids = await manager.shutdown(delete_sandboxes=cleanup)
@@ -303,5 +303,5 @@ async def _serve(settings: Settings, options: ServeOptions) -> None:
             await server.serve()
         if not server.started:  # the manager could not start; uvicorn logged why
             raise SystemExit(STARTUP_FAILURE)
-        await _farewell(manager, options.cleanup_on_exit)
+        await farewell(manager, options.cleanup_on_exit)
     log.info("store closed; stopped")

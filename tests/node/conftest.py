@@ -88,7 +88,9 @@ class RunningNode:
             return self.proc.wait()
 
 
-def start_node(root: Path, cluster: Cluster, name: str = "node-a") -> RunningNode:
+def start_node(
+    root: Path, cluster: Cluster, name: str = "node-a", extra: tuple[str, ...] = ()
+) -> RunningNode:
     data_dir = root / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     config = root / "node.toml"
@@ -98,7 +100,7 @@ def start_node(root: Path, cluster: Cluster, name: str = "node-a") -> RunningNod
     start = log.stat().st_size if log.exists() else 0
     args = [sandcell_bin(), "node", "--member", str(cluster.member("node", name))]
     args += ["--port", str(port), "--data-dir", str(data_dir), "--config", str(config)]
-    args += ["--label", "zone=test", "--cells", "8"]
+    args += ["--label", "zone=test", "--cells", "8", *extra]
     with log.open("ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
     node = RunningNode(proc, f"127.0.0.1:{port}", data_dir, config, log, cluster)

@@ -79,22 +79,38 @@ def test_a_stop_ends_open_tunnels_and_the_next_start_adopts_the_cell(
     node = start_node(tmp_path, cluster)
     sandbox_id = node.create()["id"]
     node.created.clear()  # it stays running across the restart, as with `serve`
-    raw = socket.create_connection(("127.0.0.1", node.port), timeout=10)
-    with node.router_context().wrap_socket(raw, server_hostname="127.0.0.1") as tunnel:
-        tunnel.sendall(f"CONNECT /cells/{sandbox_id} HTTP/1.1\r\n\r\n".encode())
-        assert tunnel.recv(1024).startswith(b"HTTP/1.1 200 ")
-        assert node.stop(signal.SIGTERM) == 0  # not held up by the tunnel left open
-        assert tunnel.recv(1024) == b""  # which the node ended
-    assert b"1 sandbox running for the next start to adopt" in node.log.read_bytes()
-
-    again = start_node(tmp_path, cluster)
     try:
-        got = exchange(again.router_context(), again.port, _exec_through(sandbox_id))
-        assert b"HTTP/1.1 401 " in got  # through the relay to the adopted cell's daemon
-        assert _entry(again)["live_cells"] == 1
-        again.created.append(sandbox_id)  # deleted by the stop
-    finally:
-        assert again.stop(signal.SIGTERM) == 0
+        raw = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        with node.router_context().wrap_socket(raw, server_hostname="127.0.0.1") as tunnel:
+            tunnel.sendall(f"CONNECT /cells/{sandbox_id} HTTP/1.1\r\n\r\n".encode())
+            assert tunnel.recv(1024).startswith(b"HTTP/1.1 200 ")
+            assert node.stop(signal.SIGTERM) == 0  # not held up by the tunnel left open
+            assert tunnel.recv(1024) == b""  # which the node ended
+        assert b"1 sandbox stays running for the next start to adopt" in node.log.read_bytes()
+
+        again = start_node(tmp_path, cluster)
+        try:
+            assert b"1 live sandbox adopted" in again.log.read_bytes()
+            got = exchange(again.router_context(), again.port, _exec_through(sandbox_id))
+            assert b"HTTP/1.1 401 " in got  # through the relay to the adopted cell's daemon
+            assert _entry(again)["live_cells"] == 1
+        finally:
+            assert again.stop(signal.SIGTERM) == 0
+    finally:  # whatever failed above, the cell goes: a node adopts it and deletes it
+        node.stop()
+        start_node(tmp_path, cluster, extra=("--cleanup-on-exit",)).stop()
+
+
+@pytest.mark.slow
+def test_cleanup_on_exit_deletes_the_live_sandboxes_at_a_stop(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    node = start_node(tmp_path, cluster, extra=("--cleanup-on-exit",))
+    node.create()
+    node.created.clear()  # left for the stop to delete
+    assert node.stop(signal.SIGTERM) == 0
+    assert b"deleted 1 sandbox (--cleanup-on-exit)" in node.log.read_bytes()
+    assert not any((node.data_dir / "cells").iterdir())
 
 
 def _exec_through(sandbox_id: str) -> bytes:

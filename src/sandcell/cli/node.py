@@ -33,6 +33,13 @@ def node(
     label: Annotated[
         list[str] | None, typer.Option("--label", help="KEY=VALUE, repeatable: placement labels")
     ] = None,
+    cleanup_on_exit: Annotated[
+        bool,
+        typer.Option(
+            "--cleanup-on-exit",
+            help="delete the live sandboxes at shutdown (else they stay for the next start)",
+        ),
+    ] = False,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
     log_level: Annotated[
@@ -60,7 +67,9 @@ def node(
         typer.echo(f"sandcell: --log-level must be one of {list(LEVELS)}", err=True)
         raise typer.Exit(2)
     settings = _settings(config, data_dir)
-    options = NodeOptions(member, host, port, advertise or "", cells, labels, log_level)
+    options = NodeOptions(
+        member, host, port, advertise or "", cells, labels, log_level, cleanup_on_exit
+    )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run_node(settings, options))
 

@@ -6,23 +6,32 @@ trail), built by the same functions of `sandcell.serve`, and in place of the pub
 node API on mutual TLS (`server`). It registers in the roster before it says it is ready,
 heartbeats, and at SIGTERM or SIGINT stops accepting, ends its connections, leaves the roster
 and stops the manager: the live sandboxes stay running for the next start to adopt, as with
-`serve`.
+`serve` (or are deleted, with `--cleanup-on-exit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandcell.cluster import trust
 from sandcell.logs import configure as configure_logging
-from sandcell.logs import counted
 from sandcell.manager.backend import LocalBackend
 from sandcell.secrets.metrics import SecretUses
-from sandcell.serve import STARTUP_FAILURE, audit_trail, host_manager, opened_backend, opened_store
+from sandcell.serve import (
+    STARTUP_FAILURE,
+    audit_trail,
+    farewell,
+    host_manager,
+    opened_backend,
+    opened_store,
+)
 from sandcell.settings import Settings
 
 from .control import Control
@@ -43,6 +52,7 @@ class NodeOptions:
     cells: int = DEFAULT_CELLS
     labels: dict[str, str] = field(default_factory=dict)
     log_level: str = "info"
+    cleanup_on_exit: bool = False  # delete the live sandboxes at a stop (else adopted next)
 
 
 async def run_node(settings: Settings, options: NodeOptions) -> None:
@@ -56,16 +66,29 @@ async def run_node(settings: Settings, options: NodeOptions) -> None:
     except trust.TrustError as exc:
         log.error("cannot start: %s", exc)  # noqa: TRY400 (a clear line, not a traceback)
         raise SystemExit(STARTUP_FAILURE) from None
+    with _signalled() as stopping:
+        await _run(settings, options, context, name, stopping)
+    log.info("node %s stopped", name)
+
+
+async def _run(
+    settings: Settings,
+    options: NodeOptions,
+    context: ssl.SSLContext,
+    name: str,
+    stopping: asyncio.Event,
+) -> None:
     uses = SecretUses()
     async with opened_store(settings) as store, opened_backend(settings, store, uses) as backend:
         assert isinstance(backend, LocalBackend)
         manager = await host_manager(settings, store, backend)
-        trail = audit_trail(settings, store)
+        trail = audit_trail(settings, store) if settings.audit.enabled else None
         manager.audit = uses.audit = trail
-        if backend.egress is not None:
+        if backend.egress is not None and trail is not None:
             backend.egress.on_decision = trail.egress
         api = NodeApi(store, backend, Control(name, manager, backend))
-        await trail.start()
+        if trail is not None:
+            await trail.start()
         try:
             await manager.start()
             try:
@@ -90,29 +113,29 @@ async def run_node(settings: Settings, options: NodeOptions) -> None:
                         heartbeat.address,
                         extra={"node": name, "port": port},
                     )
-                    await _until_signalled()
+                    await stopping.wait()
+                    log.info("shutting down: leaving the roster, ending connections")
                 finally:
                     await heartbeat.stop()
             finally:
                 await api.close()
                 await manager.stop()
         finally:
-            await trail.close()
-        staying = await manager.shutdown()
-        log.info(
-            "%s running for the next start to adopt", counted(len(staying), "sandbox", "sandboxes")
-        )
-    log.info("node %s stopped", name)
+            if trail is not None:
+                await trail.close()  # after the manager: its last records go too
+        await farewell(manager, options.cleanup_on_exit)
 
 
-async def _until_signalled() -> None:
+@contextlib.contextmanager
+def _signalled() -> Iterator[asyncio.Event]:
+    """An event SIGTERM or SIGINT sets, from the very start: a signal while the node starts
+    stops it once started, with everything closed in order, never by the default action."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
-        log.info("shutting down: leaving the roster, ending connections")
+        yield stop
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
