@@ -238,8 +238,8 @@ async function openSandbox(id) {
   $("sandbox-template").textContent = sbx.template;
   $("sandbox-page").dataset.id = sbx.id;
   listFiles(id).catch(report);
-  listProcesses(id).catch(report);
   terminal = await openTerminal($("terminal"), id, api, session.csrf);
+  await listProcesses(id); // the terminal's shell among them
 }
 
 async function route() {
