@@ -189,3 +189,4 @@ def test_every_console_response_carries_the_policy(server: RunningServer) -> Non
             assert "unsafe-inline" not in csp
             assert r.headers["x-content-type-options"] == "nosniff"
             assert r.headers["referrer-policy"] == "no-referrer"
+            assert r.headers["x-frame-options"] == "DENY"

@@ -5,6 +5,7 @@ authenticated by the session cookie in `Router.authenticate`: the console has no
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
@@ -16,7 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandcell.console import session
+from sandcell.console import session, vendor
 from sandcell.errors import ErrorCode, ServiceError
 from sandcell.http.bodies import read_body
 from sandcell.http.errors import EXCEPTION_HANDLERS
@@ -25,6 +26,7 @@ from sandcell.store import hash_api_key
 if TYPE_CHECKING:
     from sandcell.router.core import Router
 
+log = logging.getLogger("sandcell.console")
 STATIC = Path(__file__).parent / "static"
 MAX_SIGN_IN_BODY = 4096
 # No inline script or style, nothing from elsewhere, never framed.
@@ -114,6 +116,13 @@ class SecurityHeaders:
 
 def create_console(router: Router) -> ASGIApp:
     """The app mounted at /ui."""
+    if missing := [name for name in vendor.FILES if not (vendor.VENDOR / name).is_file()]:
+        log.warning(
+            "the console's assets are missing (%s): run scripts/setup.sh, or `npm ci --prefix "
+            "%s` and `python -m sandcell.console.vendor`",
+            ", ".join(missing),
+            vendor.HERE / "web",
+        )
     app = Starlette(
         routes=[
             Route("/", index, methods=["GET"]),
