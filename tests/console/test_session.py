@@ -134,6 +134,21 @@ def test_a_websocket_upgrade_needs_the_token_and_the_origin(
         c.delete(f"/v1/sandboxes/{sandbox_id}", headers=good)
 
 
+def test_an_admins_session_sees_every_principals_sandboxes(
+    server: RunningServer, alice: str
+) -> None:
+    with server.client(alice) as api:
+        alices = api.post("/v1/sandboxes", json={}).json()["id"]
+    c, _ = _signed_in(server, server.create_key("root", admin=True))
+    try:
+        assert c.get("/ui/session").json()["admin"] is True
+        assert alices in [x["id"] for x in c.get("/v1/sandboxes").json()["sandboxes"]]
+    finally:
+        c.close()
+        with server.client(alice) as api:
+            api.delete(f"/v1/sandboxes/{alices}")
+
+
 def test_a_navigation_is_not_authenticated_by_the_cookie(
     session: tuple[httpx.Client, str],
 ) -> None:
