@@ -14,11 +14,14 @@ import pytest
 
 from sandcell import tokens
 from sandcell.cellapi.client import dialer
+from sandcell.errors import ServiceError
 from sandcell.http.upstream import UpstreamError
 from sandcell.node import dial
+from sandcell.node.client import NodeClient
 from sandcell.router.core import Call, Hop
 from sandcell.serve import opened_store
 from sandcell.settings import load_settings
+from support.server import free_port
 
 from .conftest import Cluster, RunningNode, exchange, make_cluster
 
@@ -197,3 +200,52 @@ def test_the_relay_reaches_the_cell_and_the_daemon_checks_each_token(node: Runni
     node.created.remove(record["id"])
     got = exchange(node.router_context(), node.port, _connect(record["id"]))
     assert _answer(got)[1]["error"]["code"] == "SANDBOX_NOT_FOUND"
+
+
+def test_the_router_client_raises_the_node_refusals_as_the_spec_errors(node: RunningNode) -> None:
+    async def calls() -> list[ServiceError]:
+        client = NodeClient(node.address, node.router_context())
+        down = NodeClient(f"127.0.0.1:{free_port()}", node.router_context())
+        caught = []
+        try:
+            for call in (
+                client.create("key-1", cpus=2),
+                client.delete("sbx-0000000000000000"),
+                down.create("key-1"),
+            ):
+                with pytest.raises(ServiceError) as raised:
+                    await call
+                caught.append(raised.value)
+        finally:
+            await client.aclose()
+            await down.aclose()
+        return caught
+
+    unknown_field, not_here, unreachable = asyncio.run(calls())
+    assert (unknown_field.code, unknown_field.details["field"]) == ("BAD_REQUEST", "cpus")
+    assert not_here.code == "SANDBOX_NOT_FOUND"
+    assert unreachable.code == "SANDBOX_UNREACHABLE"
+    assert unreachable.details["node"].startswith("127.0.0.1:")
+
+
+@pytest.mark.slow
+def test_the_router_client_creates_and_deletes_on_the_node(node: RunningNode) -> None:
+    async def create_and_delete() -> dict:
+        client = NodeClient(node.address, node.router_context())
+        try:
+            record = await client.create("key-2", metadata={"purpose": "test"})
+            node.created.append(record["id"])
+            await client.delete(record["id"])
+            node.created.remove(record["id"])
+            with pytest.raises(ServiceError):
+                await client.delete(record["id"])
+            return record
+        finally:
+            await client.aclose()
+
+    record = asyncio.run(create_and_delete())
+    assert (record["owner"], record["state"], record["metadata"]) == (
+        "key-2",
+        "running",
+        {"purpose": "test"},
+    )
