@@ -77,7 +77,7 @@ def openai_agents() -> dict[str, Part]:
 
 
 def crewai_tools() -> dict[str, Part]:
-    from crewai_tools import E2BExecTool, E2BFileTool, E2BPythonTool
+    from crewai_tools import E2BExecTool, E2BFileTool
     from e2b import Sandbox
 
     home = "/home/user/crew"
@@ -119,19 +119,27 @@ def crewai_tools() -> dict[str, Part]:
         finally:
             owned.kill()
 
+    return {"exec_tool": exec_tool, "file_tool": file_tool, "attached": attached}
+
+
+def crewai_on_e2b_hosts() -> dict[str, Part]:
+    """crewai's E2BPythonTool: e2b-code-interpreter 2.6 sends run_code to
+    https://49999-<id>.<E2B_DOMAIN>, and e2b 2.20 its envd calls to https://49983-<id>...
+    (no E2B_SANDBOX_URL here): sandcell's TLS listener and preview domain answer both."""
+    from crewai_tools import E2BPythonTool
+
     def python_tool(made: dict[str, Any]) -> None:
         done = E2BPythonTool(template="base").run(code="x = 6 * 7\nprint('hi')\nx")
         assert (done["text"], done["stdout"], done["error"]) == ("42", ["hi\n"], None), done
 
-    return {
-        "exec_tool": exec_tool,
-        "file_tool": file_tool,
-        "attached": attached,
-        "python_tool": python_tool,
-    }
+    return {"python_tool": python_tool}
 
 
-FLOWS = {"openai_agents": openai_agents, "crewai_tools": crewai_tools}
+FLOWS = {
+    "openai_agents": openai_agents,
+    "crewai_tools": crewai_tools,
+    "crewai_on_e2b_hosts": crewai_on_e2b_hosts,
+}
 
 if __name__ == "__main__":
     made: dict[str, Any] = {}

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from agno.tools.e2b import E2BTools
 
-from compat.e2b.known import WILDCARD_DNS
 from compat.e2b.venvs import run_python, session_venv
+from sdk.helpers import served
+from support.pki import DOMAIN, issue
+from support.server import SMALL_TEMPLATE, RunningServer
 
 pytestmark = pytest.mark.slow
 FLOWS = Path(__file__).with_name("framework_flows.py")
@@ -73,11 +75,46 @@ def test_openai_agents(openai_agents: dict[str, str], part: str) -> None:
         "exec_tool",  # a sandbox per call, killed after it
         "file_tool",  # persistent: write, read, append, list, info, delete, exists
         "attached",  # sandbox_id=: Sandbox.connect through e2b 2.20.3
-        pytest.param("python_tool", marks=pytest.mark.xfail(strict=True, reason=WILDCARD_DNS)),
     ],
 )
 def test_crewai_tools(crewai_tools: dict[str, str], part: str) -> None:
     assert crewai_tools[part] == "ok", crewai_tools[part]
+
+
+@pytest.fixture(scope="module")
+def e2b_hosts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """sandcell as E2B's hosts: TLS on its listener and `{port}-{id}.{DOMAIN}` routed."""
+    root = tmp_path_factory.mktemp("e2b-hosts")
+    ca, cert, key = issue(root / "pki")
+    config = (
+        f'[server]\npreview_domain = "{DOMAIN}"\n'
+        f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n' + SMALL_TEMPLATE.format(warm_pool=1)
+    )
+    yield from served(root, config_text=config, tls_ca=ca)
+
+
+@pytest.mark.timeout(900)
+def test_crewai_python_tool_on_e2b_hosts(
+    tmp_path_factory: pytest.TempPathFactory, e2b_hosts_server: RunningServer
+) -> None:
+    """e2b-code-interpreter <= 2.6 builds https://49999-<id>.<E2B_DOMAIN> itself, with no
+    option to point it elsewhere: where wildcard DNS names sandcell, it works. The test's
+    wildcard DNS is tests/compat/e2b/resolve/sitecustomize.py (the venv's resolver only)."""
+    server = e2b_hosts_server
+    python = session_venv(tmp_path_factory, CREWAI_TOOLS)
+    address = server.url.removeprefix("https://")
+    env = {
+        "E2B_API_URL": f"{server.url}/e2b",
+        "E2B_DOMAIN": DOMAIN,
+        "E2B_API_KEY": server.create_key("crewai-hosts"),
+        "SSL_CERT_FILE": str(server.data_dir.parent / "pki" / "ca.pem"),
+        "PYTHONPATH": str(Path(__file__).with_name("resolve")),
+        "SANDCELL_TEST_DOMAIN": DOMAIN,
+        "SANDCELL_TEST_ADDRESS": address,
+        "CREWAI_DISABLE_TELEMETRY": "true",
+    }
+    done = run_flow(python, "crewai_on_e2b_hosts", env, tmp_path_factory.mktemp("home"))
+    assert done["python_tool"] == "ok", done["python_tool"]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ binary junk or a flood can neither break the NDJSON stream nor fill the daemon's
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ MIME_TYPES = (
 )
 JSON_TYPES = ("application/json", "e2b/chart")  # kept as JSON; every other type a string
 MAX_RESULT_BYTES = 8 * 1_048_576  # per run, all results together
+STREAM_FLUSH_S = 0.2  # a line's start is sent after this without its end (Jupyter's interval)
 MAX_TEXT_FIELD = 1_048_576  # an error's name, value or traceback
 
 Event = dict[str, Any]
@@ -92,14 +94,44 @@ class RunOutput:
         self._decoders = {
             n: codecs.getincrementaldecoder("utf-8")("replace") for n in ("stdout", "stderr")
         }
+        # Output streams by line, as Jupyter's does: `print("hi")` is one "hi\n" event, not
+        # "hi" and "\n". A line's start waits for its end at most STREAM_FLUSH_S.
+        self._pending = {"stdout": "", "stderr": ""}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def output(self, stream: str, data: bytes, final: bool = False) -> None:
         kept = self.streams[stream].add(data)
-        if text := self._decoders[stream].decode(kept, final=final):
+        text = self._decoders[stream].decode(kept, final=final)
+        if text:
             self.text[stream].append(text)
+        pending = self._pending[stream] + text
+        cut = len(pending) if final else pending.rfind("\n") + 1
+        self._pending[stream] = pending[cut:]
+        if cut:
+            self._emit({"type": stream, "text": pending[:cut]})
+        if self._pending[stream] and stream not in self._timers:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a caller outside the daemon): no waiting either
+                self.flush()
+                return
+            self._timers[stream] = loop.call_later(STREAM_FLUSH_S, self._flush_stream, stream)
+
+    def _flush_stream(self, stream: str) -> None:
+        timer = self._timers.pop(stream, None)
+        if timer is not None:
+            timer.cancel()
+        if text := self._pending[stream]:
+            self._pending[stream] = ""
             self._emit({"type": stream, "text": text})
 
+    def flush(self) -> None:
+        """Sends the lines begun and not ended: before a result, an error and the end."""
+        for stream in ("stdout", "stderr"):
+            self._flush_stream(stream)
+
     def result(self, data: Any, is_main: bool) -> None:
+        self.flush()
         bundle = result_bundle(data)
         size = len(line(bundle))
         if self._result_bytes + size > MAX_RESULT_BYTES:
@@ -116,6 +148,7 @@ class RunOutput:
             timeout = timeout_error(self.interrupted)
             error = {**error, "name": timeout["name"], "value": timeout["value"]}
         self.error = error
+        self.flush()
         self._emit(error)
 
     def _emit(self, event: Event) -> None:
@@ -124,6 +157,7 @@ class RunOutput:
 
     def summary(self, execution_count: int | None, timed_out: bool) -> dict[str, Any]:
         """The fields of the end event (and of the buffered reply)."""
+        self.flush()
         return {
             "execution_count": execution_count,
             "duration_s": round(time.monotonic() - self.started, 6),
