@@ -87,6 +87,12 @@ def test_a_change_with_both_goes_through(
     made = c.post("/v1/sandboxes", json={}, headers=good)
     assert made.status_code == 201, made.text
     assert c.delete(f"/v1/sandboxes/{made.json()['id']}", headers=good).status_code == 204
+    # SPEC §20: the console's actions are the API's, recorded under the signed-in key
+    trail = c.get("/v1/audit", params={"sandbox": made.json()["id"]}).json()["records"]
+    assert [(r["action"], r["principal"], r["key_name"]) for r in trail] == [
+        ("sandbox.create", "alice", "alice"),
+        ("sandbox.delete", "alice", "alice"),
+    ]
 
 
 def test_a_websocket_upgrade_needs_the_token_and_the_origin(
