@@ -110,7 +110,7 @@ def load_settings(config: Path | None, data_dir: Path | None) -> Settings:
     unknown_tables = set(raw) - {"server", "templates", "kubernetes", "audit", "telemetry"}
     if unknown_tables:
         raise ConfigError(f"unknown tables {sorted(unknown_tables)}")
-    root = data_dir or default_data_dir()
+    root = (data_dir or default_data_dir()).absolute()  # a relative one would name a URL host
     settings = Settings(
         data_dir=root,
         host=str(server.get("host", DEFAULT_HOST)),
