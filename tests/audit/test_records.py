@@ -117,3 +117,22 @@ def test_a_query_refuses_a_bad_limit_or_cursor() -> None:
         AuditQuery(limit=0)
     with pytest.raises(ValueError, match="invalid audit cursor"):
         AuditQuery(after="not json")
+
+
+def test_text_that_is_not_utf8_is_made_so_and_the_command_digest_keeps_its_bytes() -> None:
+    """JSON from a caller may carry lone surrogates ("\\ud800"): the record stays storable."""
+    from sandcell.audit.records import AuditRecord, command_detail
+
+    detail = command_detail("echo \ud800", "full")
+    assert detail["command_length"] == len(b"echo ") + 3  # surrogatepass: 3 bytes
+    rec = AuditRecord(
+        writer="w",
+        seq=1,
+        at=1.0,
+        principal="alice",
+        key_name="k",
+        action="exec",
+        touched={**detail, "path": "a\udcff.txt"},
+    ).sealed()
+    assert rec.touched["command"] == "echo ?" and rec.touched["path"] == "a?.txt"
+    assert AuditRecord.from_json(rec.to_json()) == rec

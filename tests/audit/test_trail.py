@@ -164,3 +164,15 @@ async def test_retention_runs_with_the_trail(store: Store) -> None:
         await asyncio.sleep(0.01)
     await trail.close()
     assert (await verify_store(store)).findings == []
+
+
+async def test_a_record_that_cannot_be_one_does_not_block_the_others(store: Store) -> None:
+    trail = AuditTrail(store, "router-a", linger_s=0)
+    await trail.start()
+    trail.note("exec", sandbox_id="sbx-1")
+    trail.note("exec", sandbox_id="sbx-1", touched={"stdin": "never kept"})  # no such field
+    trail.note("exec", sandbox_id="sbx-2")
+    await trail.flush()
+    await trail.close()
+    assert [r["sandbox_id"] for r in await records(store)] == ["sbx-1", "sbx-2"]
+    assert (await verify_store(store)).findings == []

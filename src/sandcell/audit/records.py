@@ -86,14 +86,20 @@ def command_detail(command: str, mode: CommandMode = "digest") -> Touched:
     itself only when the operator set `[audit] commands = "full"`."""
     if mode not in COMMAND_MODES:
         raise ValueError(f"audit commands must be one of {sorted(COMMAND_MODES)}, not {mode!r}")
-    data = command.encode()
+    data = command.encode("utf-8", "surrogatepass")  # the bytes as sent, a lone surrogate too
     detail: Touched = {
         "command_length": len(data),
         "command_sha256": hashlib.sha256(data).hexdigest(),
     }
     if mode == "full":
-        detail["command"] = command
+        detail["command"] = command  # a record's texts are made valid UTF-8 (`_text`)
     return detail
+
+
+def _text(value: str) -> str:
+    """`value` as valid UTF-8 text: JSON from a caller may hold lone surrogates, which no
+    UTF-8 encoder takes (a record with one could never be stored: the writer would stall)."""
+    return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
 
 
 def file_detail(*, path: str, size: int | None = None) -> Touched:
@@ -143,6 +149,10 @@ class AuditRecord:
         # canonical bytes are the same before and after a store.
         for name, kind in (("seq", int), ("at", float), ("status", int)):
             object.__setattr__(self, name, kind(getattr(self, name)))
+        for name in ("principal", "key_name", "sandbox_id"):
+            object.__setattr__(self, name, _text(getattr(self, name)))
+        touched = {k: _text(v) if isinstance(v, str) else v for k, v in self.touched.items()}
+        object.__setattr__(self, "touched", touched)
         if self.action not in ACTIONS:
             raise ValueError(f"unknown audit action {self.action!r}")
         if self.outcome not in OUTCOMES:

@@ -243,13 +243,31 @@ class AuditTrail:
         async with self._flushing:
             while self._backlog:
                 batch = [self._backlog[i] for i in range(min(MAX_BATCH, len(self._backlog)))]
-                records = await self._log.append_many([await self._drafted(n) for n in batch])
+                drafts = [await self._drafted(n) for n in batch]
+                try:
+                    records = await self._log.append_many(drafts)
+                except (ValueError, TypeError) as exc:  # a record that cannot be one
+                    records = await self._append_the_valid(drafts, exc)
                 for _ in batch:
                     self._backlog.popleft()
                 self._to_sink(records)
                 written.extend(records)
             self.failing = None
         return written
+
+    async def _append_the_valid(self, drafts: list[dict], why: Exception) -> list[AuditRecord]:
+        """A batch refused for what a record holds (a bug, never the caller's input: texts
+        are made valid first) would block every record after it: its valid records go in,
+        and each invalid one is told, loudly, and dropped."""
+        records: list[AuditRecord] = []
+        for draft in drafts:
+            try:
+                records += await self._log.append_many([draft])
+            except (ValueError, TypeError):
+                log.exception("audit: a %s record could not be made, dropped", draft["action"])
+        if not records:
+            log.error("audit: a batch could not be stored: %s", why)
+        return records
 
     async def _drafted(self, noted: Noted) -> dict:
         principal = noted.principal
