@@ -14,8 +14,10 @@ import pytest
 from sandcell.manager.templates import ConfigError
 from sandcell.settings import load_settings
 from sdk.helpers import served
-from support.pki import issue
 from support.server import SMALL_TEMPLATE, RunningServer
+from support.tls_front import make_certificates
+
+DOMAIN = "sandboxes.test"
 
 
 def tls_config(cert: Path, key: Path, extra: str = "") -> str:
@@ -26,7 +28,7 @@ def tls_config(cert: Path, key: Path, extra: str = "") -> str:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
     root = tmp_path_factory.mktemp("tls-listener")
-    ca, cert, key = issue(root / "pki")
+    ca, cert, key = make_certificates(DOMAIN, root / "pki")
     for srv in served(root, config_text=tls_config(cert, key), tls_ca=ca):
         yield srv, ca
 
@@ -66,7 +68,7 @@ def _load(tmp_path: Path, text: str):
 
 
 def test_the_files_are_taken_beside_the_config(tmp_path: Path) -> None:
-    issue(tmp_path / "pki")
+    make_certificates(DOMAIN, tmp_path / "pki")
     settings = _load(tmp_path, tls_config(Path("pki/cert.pem"), Path("pki/key.pem")))
     assert settings.tls_files == (tmp_path / "pki" / "cert.pem", tmp_path / "pki" / "key.pem")
 
@@ -81,7 +83,7 @@ def test_the_files_are_taken_beside_the_config(tmp_path: Path) -> None:
     ],
 )
 def test_files_that_cannot_serve_refuse_to_start(tmp_path: Path, change: str, named: str) -> None:
-    _, cert, key = issue(tmp_path / "pki")
+    _, cert, key = make_certificates(DOMAIN, tmp_path / "pki")
     text = tls_config(cert, key)
     if change == "mode":
         key.chmod(0o644)

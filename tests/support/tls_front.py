@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import ipaddress
+import os
 import ssl
 import threading
 from collections.abc import Iterator
@@ -33,7 +35,8 @@ def _name(common: str) -> x509.Name:
 
 
 def make_certificates(domain: str, where: Path) -> tuple[Path, Path, Path]:
-    """A CA, and a certificate for `*.{domain}` it signs: (ca.pem, cert.pem, key.pem)."""
+    """A CA, and a certificate for `*.{domain}` and 127.0.0.1 it signs: (ca.pem, cert.pem,
+    key.pem), the key 0600 (as `sandcell serve`'s own TLS listener requires)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
@@ -60,7 +63,12 @@ def make_certificates(domain: str, where: Path) -> tuple[Path, Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{domain}")]), False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName(f"*.{domain}"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            False,
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
         .add_extension(
@@ -69,12 +77,15 @@ def make_certificates(domain: str, where: Path) -> tuple[Path, Path, Path]:
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
+    where.mkdir(parents=True, exist_ok=True)
     paths = (where / "ca.pem", where / "cert.pem", where / "key.pem")
     paths[0].write_bytes(ca.public_bytes(pem))
     paths[1].write_bytes(leaf.public_bytes(pem))
-    paths[2].write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    fd = os.open(paths[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
     return paths
 
 

@@ -16,9 +16,10 @@ from agno.tools.e2b import E2BTools
 
 from compat.e2b.venvs import run_python, session_venv
 from sdk.helpers import served
-from support.pki import DOMAIN, issue
 from support.server import SMALL_TEMPLATE, RunningServer
+from support.tls_front import make_certificates
 
+DOMAIN = "sandboxes.test"  # the per-sandbox hosts' domain, resolved by resolve/sitecustomize.py
 pytestmark = pytest.mark.slow
 FLOWS = Path(__file__).with_name("framework_flows.py")
 OPENAI_AGENTS = ["openai-agents[e2b]==0.24.0"]  # with its pins, e2b 2.31.0 and ci 2.8.1
@@ -85,7 +86,7 @@ def test_crewai_tools(crewai_tools: dict[str, str], part: str) -> None:
 def e2b_hosts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """sandcell as E2B's hosts: TLS on its listener and `{port}-{id}.{DOMAIN}` routed."""
     root = tmp_path_factory.mktemp("e2b-hosts")
-    ca, cert, key = issue(root / "pki")
+    ca, cert, key = make_certificates(DOMAIN, root / "pki")
     config = (
         f'[server]\npreview_domain = "{DOMAIN}"\n'
         f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n' + SMALL_TEMPLATE.format(warm_pool=1)
