@@ -7,12 +7,10 @@ real run verifies; `sandcell audit tail -f` follows it."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import select
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ import httpx
 import pytest
 
 from sdk.helpers import served
+from support.host_http import host_server
 from support.server import RunningServer, sandcell_bin
 
 pytestmark = pytest.mark.slow
@@ -48,22 +47,10 @@ network_internal = true
 """
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def host_server() -> Iterator[int]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
+def host_port() -> Iterator[int]:
+    srv, port = host_server()
+    yield port
     srv.shutdown()
 
 
@@ -93,7 +80,7 @@ def audit(http: httpx.Client, **params: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def acted(server: RunningServer, keys: dict[str, str], host_server: int) -> dict[str, str]:
+def acted(server: RunningServer, keys: dict[str, str], host_port: int) -> dict[str, str]:
     """Alice does one of each action through /v1; returns the ids involved."""
     with server.client(keys["alice"]) as http:
         sbx = http.post("/v1/sandboxes", json={"metadata": {"job": "audit"}}).json()["id"]
@@ -111,9 +98,9 @@ def acted(server: RunningServer, keys: dict[str, str], host_server: int) -> dict
             f"{base}/processes/{started['pid']}/signal", json={"signal": "SIGTERM"}
         ).is_success
         assert http.post(f"{base}/keepalive", json={"idle_timeout_s": 200}).is_success
-        net = {"egress": "allowlist", "allow": [f"127.0.0.1:{host_server}"]}
+        net = {"egress": "allowlist", "allow": [f"127.0.0.1:{host_port}"]}
         assert http.patch(f"{base}/network", json=net).is_success, "network"
-        fetch = f"curl -sf http://127.0.0.1:{host_server}/ ; curl -sf http://127.0.0.2:9/"
+        fetch = f"curl -sf http://127.0.0.1:{host_port}/ ; curl -sf http://127.0.0.2:9/"
         no_bypass = {"NO_PROXY": "", "no_proxy": ""}  # loopback through the proxy too
         fetched = http.post(f"{base}/exec", json={"command": fetch, "env": no_bypass})
         assert fetched.status_code == 200
@@ -132,7 +119,7 @@ def acted(server: RunningServer, keys: dict[str, str], host_server: int) -> dict
 
 
 def test_each_action_through_the_api_is_recorded(
-    server: RunningServer, keys: dict[str, str], acted: dict[str, str], host_server: int
+    server: RunningServer, keys: dict[str, str], acted: dict[str, str], host_port: int
 ) -> None:
     with server.client(keys["alice"]) as http:
         records = audit(http, sandbox=acted["sandbox"])
@@ -186,7 +173,7 @@ def test_each_action_through_the_api_is_recorded(
         (r["touched"]["host"], r["touched"]["port"], r["touched"]["decision"])
         for r in by_action["egress.decision"]
     }
-    assert ("127.0.0.1", host_server, "allowed") in decisions
+    assert ("127.0.0.1", host_port, "allowed") in decisions
     assert ("127.0.0.2", 9, "refused") in decisions
     fork = by_action["sandbox.fork"][0]["touched"]
     assert fork["child"] == acted["child"]

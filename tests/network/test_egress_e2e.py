@@ -4,11 +4,9 @@ real servers on the host's loopback as destinations. Each refusal is a real atte
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -22,6 +20,7 @@ from sandcell.client.errors import BadRequestError, ForbiddenError
 from sandcell.isolation.cell import LocalCells
 from sandcell.isolation.runtime import cell_python
 from sandcell.network.websocket import Rejected, Upstream
+from support.host_http import host_server
 from support.server import RunningServer, sandcell_bin, start_server
 
 pytestmark = pytest.mark.slow
@@ -50,24 +49,6 @@ network_max = "allowlist"
 """
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"hello from the host, {self.path}".encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def _host_server() -> tuple[http.server.ThreadingHTTPServer, int]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, srv.server_address[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     srv = start_server(tmp_path_factory.mktemp("egress") / "data", config_text=CONFIG)
@@ -87,8 +68,8 @@ def key(server: RunningServer) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def host_ports() -> Iterator[tuple[int, int]]:
     """Two HTTP servers on the host's loopback: one to allow, one that stays refused."""
-    a, port_a = _host_server()
-    b, port_b = _host_server()
+    a, port_a = host_server()
+    b, port_b = host_server()
     yield port_a, port_b
     a.shutdown()
     b.shutdown()
