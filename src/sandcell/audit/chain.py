@@ -48,33 +48,24 @@ class AuditLog:
         status: int = 200,
         touched: Touched | None = None,
     ) -> AuditRecord:
-        async with self._lock:  # seq and prev are taken and advanced in one step
-            if self._head is None:
-                await self._load()
-            assert self._head is not None
-            seq, prev = self._head
-            rec = AuditRecord(
-                writer=self.writer,
-                seq=seq + 1,
-                at=self._clock(),
-                principal=principal,
-                key_name=key_name,
-                action=action,
-                sandbox_id=sandbox_id,
-                outcome=outcome,
-                status=status,
-                touched=dict(touched or {}),
-                prev=prev,
-            ).sealed()
-            await self._store.append_audit(rec)  # AuditConflictError: nothing advanced
-            self._head = (rec.seq, rec.hash)
-            return rec
+        draft = {
+            "at": self._clock(),
+            "principal": principal,
+            "key_name": key_name,
+            "action": action,
+            "sandbox_id": sandbox_id,
+            "outcome": outcome,
+            "status": status,
+            "touched": dict(touched or {}),
+        }
+        (rec,) = await self.append_many([draft])
+        return rec
 
     async def append_many(self, drafts: list[dict[str, Any]]) -> list[AuditRecord]:
         """Several records in order, each chained to the one before, stored in one step
         (`Store.append_audits`): all of them or, on a refusal, none. A draft is the
         keyword arguments of `AuditRecord` without `writer`, `seq`, `prev` and `hash`."""
-        async with self._lock:
+        async with self._lock:  # seq and prev are taken and advanced in one step
             if self._head is None:
                 await self._load()
             assert self._head is not None
