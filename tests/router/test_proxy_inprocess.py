@@ -7,7 +7,6 @@ without a cell; the end-to-end tests cover the same path through real processes.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,38 +17,27 @@ from starlette.applications import Starlette
 
 from sandcell import tokens
 from sandcell.cellapi.client import dialer
-from sandcell.cellapi.environment import DEFAULT_INHERIT
-from sandcell.daemon.config import DaemonConfig
-from sandcell.daemon.exec import spawn
-from sandcell.daemon.http.app import create_app as daemon_app
 from sandcell.http.upstream import Dial
 from sandcell.router.core import Hop
-from support.proxying import proxy_client, sandbox_record, served, stored
+from support.proxying import (
+    in_process_daemon,
+    proxy_client,
+    sandbox_record,
+    served,
+    start_unconfined_spawner,
+    stored,
+)
 
 SANDBOX_ID = "sbx-inproc"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _spawner() -> None:
-    """The daemon's spawner thread, unconfined (this test process is not a cell)."""
-    with contextlib.suppress(RuntimeError):  # already running in this process
-        spawn.start(spawn.OwnOomScore(), confine=None)
+    start_unconfined_spawner()
 
 
 def _daemon(workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
-    config = DaemonConfig(
-        sandbox_id=SANDBOX_ID,
-        bootstrap_key=tokens.load_public_key(tokens.public_pem(bootstrap)),
-        workspace=str(workspace),
-        uds=None,
-        listen=("127.0.0.1", 0),
-        fd=None,
-        inherit_env=DEFAULT_INHERIT,
-        disk_quota_bytes=8 << 20,
-        landlock=False,
-        deny_tcp=False,
-    )
-    return daemon_app(config, environ={})
+    return in_process_daemon(SANDBOX_ID, workspace, bootstrap)
 
 
 @pytest.fixture

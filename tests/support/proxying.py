@@ -18,11 +18,38 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sandcell import tokens
+from sandcell.cellapi.environment import DEFAULT_INHERIT
+from sandcell.daemon.config import DaemonConfig
+from sandcell.daemon.exec import spawn
+from sandcell.daemon.http.app import create_app as daemon_app
 from sandcell.http.errors import EXCEPTION_HANDLERS
 from sandcell.http.hop import check_path
 from sandcell.router.core import Hop
 from sandcell.router.proxy import call_of, respond, sandbox_target
 from sandcell.store import SandboxRecord, Sealer, Store, open_store
+
+
+def start_unconfined_spawner() -> None:
+    """The daemon's spawner thread, unconfined (a test process is not a cell); once a process."""
+    with contextlib.suppress(RuntimeError):  # already running in this process
+        spawn.start(spawn.OwnOomScore(), confine=None)
+
+
+def in_process_daemon(sandbox_id: str, workspace: Path, bootstrap: tokens.PrivateKey) -> Starlette:
+    """A daemon app of its own for `sandbox_id`, trusting `bootstrap`, on `workspace`."""
+    config = DaemonConfig(
+        sandbox_id=sandbox_id,
+        bootstrap_key=tokens.load_public_key(tokens.public_pem(bootstrap)),
+        workspace=str(workspace),
+        uds=None,
+        listen=("127.0.0.1", 0),
+        fd=None,
+        inherit_env=DEFAULT_INHERIT,
+        disk_quota_bytes=8 << 20,
+        landlock=False,
+        deny_tcp=False,
+    )
+    return daemon_app(config, environ={})
 
 
 @contextlib.asynccontextmanager
