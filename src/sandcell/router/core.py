@@ -583,10 +583,9 @@ class Router:
             length = next((v for k, v in headers if k.lower() == b"content-length"), None)
             if length is not None and length.isdigit():
                 touched = {**touched, "size": int(length)}
-        owner = CALLER.get() is None  # an E2B access token: the sandbox's owner calls
-        if owner:
-            self.audit.remember_owner(record.id, record.owner)
-        self.audit.note(name, sandbox_id=record.id, status=status, touched=touched, owner=owner)
+        # No caller: a sandbox-bound credential (an E2B access token), its owner's.
+        caller = CALLER.get() or Caller(record.owner)
+        self.audit.note(name, sandbox_id=record.id, status=status, touched=touched, caller=caller)
 
     @contextlib.asynccontextmanager
     async def websocket(
