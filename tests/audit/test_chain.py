@@ -141,10 +141,10 @@ async def test_an_append_that_does_not_follow_the_head_is_refused(store: Store) 
     records = await fill(store, n=2)
     stale = dataclasses.replace(records[1], at=5.0).sealed()  # seq 2 again
     with pytest.raises(AuditConflictError, match="'router-a' is at seq 2: seq 2 does not"):
-        await store.append_audit(stale)
+        await store.append_audits([stale])
     fork = dataclasses.replace(records[1], seq=3, prev=records[0].hash).sealed()
     with pytest.raises(AuditConflictError):
-        await store.append_audit(fork)  # the right seq, the wrong prev
+        await store.append_audits([fork])  # the right seq, the wrong prev
     assert await store.audit_chain("router-a") == [(r.seq, r) for r in records]
 
 

@@ -377,16 +377,12 @@ class Store(ABC):
 
     # -- the audit trail (SPEC §20): one append-only hash chain per writer ----------------------
 
-    async def append_audit(self, rec: AuditRecord) -> None:
-        """Append a sealed record to its writer's chain only if it follows the stored head
-        (`seq` one more, `prev` its hash), in one atomic step; else raise AuditConflictError
-        and write nothing (two processes under one writer id cannot fork a chain)."""
-        await self.append_audits([rec])
-
     @abstractmethod
     async def append_audits(self, records: Sequence[AuditRecord]) -> None:
-        """`append_audit` of a run of one writer's records, each following the one before,
-        as one atomic step: all of them, or none and AuditConflictError."""
+        """Append a run of one writer's sealed records to its chain only if each follows the
+        one before and the first the stored head (`seq` one more, `prev` its hash), in one
+        atomic step; else raise AuditConflictError and write nothing (two processes under
+        one writer id cannot fork a chain)."""
 
     @abstractmethod
     async def audit_head(self, writer: str) -> AuditHead | None:
