@@ -76,6 +76,13 @@ DataDirOpt = Annotated[
         help="store, key file and workspaces [default: $XDG_DATA_HOME/sandcell]",
     ),
 ]
+CleanupOnExitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cleanup-on-exit",
+        help="delete the live sandboxes at shutdown (else they stay for the next start)",
+    ),
+]
 
 
 def _settings(config: Path | None, data_dir: Path | None):
@@ -115,13 +122,7 @@ def serve(
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", help="one line per request")
     ] = True,
-    cleanup_on_exit: Annotated[
-        bool,
-        typer.Option(
-            "--cleanup-on-exit",
-            help="delete the live sandboxes at shutdown (else they stay for the next start)",
-        ),
-    ] = False,
+    cleanup_on_exit: CleanupOnExitOpt = False,
 ) -> None:
     """Run the router and the manager: local cells by default (no file needed), or pods
     (`--backend kubernetes`, set up by the config's kubernetes table: docs/kubernetes.md).

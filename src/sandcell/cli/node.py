@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sandcell.cli import ConfigOpt, DataDirOpt, _settings
+from sandcell.cli import CleanupOnExitOpt, ConfigOpt, DataDirOpt, _settings
 
 
 def node(
@@ -33,13 +33,7 @@ def node(
     label: Annotated[
         list[str] | None, typer.Option("--label", help="KEY=VALUE, repeatable: placement labels")
     ] = None,
-    cleanup_on_exit: Annotated[
-        bool,
-        typer.Option(
-            "--cleanup-on-exit",
-            help="delete the live sandboxes at shutdown (else they stay for the next start)",
-        ),
-    ] = False,
+    cleanup_on_exit: CleanupOnExitOpt = False,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
     log_level: Annotated[
